@@ -1,0 +1,122 @@
+"""A batch of training configs as columns of numpy arrays (one entry per config).
+
+The vectorised cost model reads only this structure, so a search can hand it whole enumerated spaces
+without building a Python object per config. ``ConfigBatch.from_configs`` builds it from pydantic
+configs; the single-config path is a batch of one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from .spec import RECOMPUTE_MODULES, TrainingConfig
+
+RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
+PRECISION_CODES = {"bf16": 0, "fp8": 1}
+MODULE_BITS = {m: 1 << i for i, m in enumerate(RECOMPUTE_MODULES)}
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+# Documented default for moe_load_imbalance (max/mean routed tokens per EP rank) when a config does not
+# set it: dropless training with an auxiliary balance loss keeps the busiest EP rank roughly 10-20 %
+# above the mean (DeepSeek-V3 §2.1.2 reports well-balanced but not perfectly balanced expert load).
+DEFAULT_MOE_LOAD_IMBALANCE = 1.15
+NO_VALUE = -1  # integer columns use -1 for "not set"
+
+
+def modules_mask(modules) -> int:
+    mask = 0
+    for m in modules:
+        mask |= MODULE_BITS[m]
+    return mask
+
+
+@dataclass
+class ConfigBatch:
+    """Columns of a batch of configs. Integer sizes are int64, flags bool, the imbalance float64."""
+
+    tp: np.ndarray
+    pp: np.ndarray
+    vpp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    dp: np.ndarray  # NO_VALUE = derive from devices
+    micro_batch_size: np.ndarray
+    global_batch_size: np.ndarray
+    sequence_parallel: np.ndarray
+    tp_comm_overlap: np.ndarray
+    recompute: np.ndarray  # RECOMPUTE_CODES
+    recompute_modules: np.ndarray  # bit mask of MODULE_BITS
+    recompute_num_layers: np.ndarray  # NO_VALUE = all layers of the stage
+    distributed_optimizer: np.ndarray
+    overlap_grad_reduce: np.ndarray
+    overlap_param_gather: np.ndarray
+    first_stage_layers: np.ndarray  # NO_VALUE = not set
+    last_stage_layers: np.ndarray
+    account_for_embedding: np.ndarray
+    account_for_loss: np.ndarray
+    layout_id: np.ndarray  # index into ``layouts``; NO_VALUE = no pipeline_layout
+    precision: np.ndarray  # PRECISION_CODES
+    moe_a2a_overlap: np.ndarray
+    moe_load_imbalance: np.ndarray
+    layouts: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    @classmethod
+    def from_configs(cls, configs: list[TrainingConfig]) -> "ConfigBatch":
+        layouts: list[str] = []
+        layout_ids = []
+        for c in configs:
+            if c.pipeline_layout is None:
+                layout_ids.append(NO_VALUE)
+            else:
+                if c.pipeline_layout not in layouts:
+                    layouts.append(c.pipeline_layout)
+                layout_ids.append(layouts.index(c.pipeline_layout))
+
+        def col(getter, dtype):
+            return np.array([getter(c) for c in configs], dtype=dtype)
+
+        def opt(v):
+            return NO_VALUE if v is None else v
+
+        return cls(
+            tp=col(lambda c: c.tp, np.int64),
+            pp=col(lambda c: c.pp, np.int64),
+            vpp=col(lambda c: c.vpp, np.int64),
+            cp=col(lambda c: c.cp, np.int64),
+            ep=col(lambda c: c.ep, np.int64),
+            etp=col(lambda c: c.etp, np.int64),
+            dp=col(lambda c: opt(c.dp), np.int64),
+            micro_batch_size=col(lambda c: c.micro_batch_size, np.int64),
+            global_batch_size=col(lambda c: c.global_batch_size, np.int64),
+            sequence_parallel=col(lambda c: c.sp, bool),
+            tp_comm_overlap=col(lambda c: c.tp_comm_overlap, bool),
+            recompute=col(lambda c: RECOMPUTE_CODES[c.recompute], np.int64),
+            recompute_modules=col(
+                lambda c: modules_mask(c.recompute_modules if c.recompute_modules is not None
+                                       else DEFAULT_RECOMPUTE_MODULES), np.int64),
+            recompute_num_layers=col(lambda c: opt(c.recompute_num_layers), np.int64),
+            distributed_optimizer=col(lambda c: c.distributed_optimizer, bool),
+            overlap_grad_reduce=col(lambda c: c.overlap_grad_reduce, bool),
+            overlap_param_gather=col(lambda c: c.overlap_param_gather, bool),
+            first_stage_layers=col(lambda c: opt(c.first_stage_layers), np.int64),
+            last_stage_layers=col(lambda c: opt(c.last_stage_layers), np.int64),
+            account_for_embedding=col(lambda c: c.account_for_embedding_in_pipeline_split, bool),
+            account_for_loss=col(lambda c: c.account_for_loss_in_pipeline_split, bool),
+            layout_id=np.array(layout_ids, dtype=np.int64),
+            precision=col(lambda c: PRECISION_CODES[c.precision], np.int64),
+            moe_a2a_overlap=col(lambda c: c.moe_a2a_overlap, bool),
+            moe_load_imbalance=col(
+                lambda c: DEFAULT_MOE_LOAD_IMBALANCE if c.moe_load_imbalance is None else c.moe_load_imbalance,
+                np.float64),
+            layouts=layouts,
+        )
+
+    def take(self, idx: np.ndarray) -> "ConfigBatch":
+        """The sub-batch at ``idx`` (index or boolean mask)."""
+        kw = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "layouts"}
+        return ConfigBatch(**kw, layouts=self.layouts)

@@ -1,0 +1,83 @@
+"""Communication: where a group sits in the cluster, and the time of each collective.
+
+Ranks follow Megatron-Core's default order ``tp-cp-ep-dp-pp`` (tp innermost). A group of ``size``
+ranks spaced ``stride`` apart has ``members_per_domain`` ranks inside one scale-up domain. A group
+that fits in one domain runs at scale-up bandwidth. A group that spans domains runs its ring or
+hierarchical collective at the NIC bandwidth of the members that share a domain (each device has
+its own NIC: DGX, Atlas 800T A2), capped by the scale-up link: the bus-bandwidth model of
+nccl-tests' PERFORMANCE.md. All sizes are bytes, all times seconds, arrays one entry per config.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .hardware import Hardware
+
+
+def members_per_domain(stride, size, hw: Hardware) -> np.ndarray:
+    """Ranks of the group inside one scale-up domain (at least 1, at most the group size)."""
+    per_domain = np.maximum(hw.scale_up_domain // np.maximum(stride, 1), 1)
+    return np.minimum(per_domain, size)
+
+
+def scale_up_bandwidth(peers_in_domain, hw: Hardware) -> np.ndarray:
+    """Scale-up bandwidth a device reaches towards ``peers_in_domain`` other group members: all of it
+    behind a switch (NVSwitch, UB), one pair link per peer in a full mesh (HCCS on Atlas 800T A2)."""
+    if hw.scale_up_link_bytes_per_s <= 0:
+        return np.full(np.shape(peers_in_domain), hw.scale_up_bytes_per_s)
+    return np.minimum(hw.scale_up_bytes_per_s, np.maximum(peers_in_domain, 1) * hw.scale_up_link_bytes_per_s)
+
+
+def group_bus_bandwidth(stride, size, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
+    """Achievable bus bandwidth (B/s) and per-step latency (s) of a ring collective over the group."""
+    inside = members_per_domain(stride, size, hw)
+    in_domain = inside >= size
+    up = scale_up_bandwidth(inside - 1, hw)
+    bw = np.where(in_domain, up, np.minimum(up, inside * hw.scale_out_bytes_per_s))
+    lat = np.where(in_domain, hw.scale_up_latency_s, hw.scale_out_latency_s)
+    return bw, lat
+
+
+def all_gather_s(nbytes, stride, size, hw: Hardware) -> np.ndarray:
+    """All-gather (or reduce-scatter) of a ``nbytes`` buffer (the full, gathered size): each rank moves
+    (n−1)/n of it, in n−1 ring steps."""
+    bw, lat = group_bus_bandwidth(stride, size, hw)
+    steps = size - 1
+    return np.where(size > 1, steps / np.maximum(size, 1) * nbytes / bw + steps * lat, 0.0)
+
+
+reduce_scatter_s = all_gather_s
+
+
+def all_reduce_s(nbytes, stride, size, hw: Hardware) -> np.ndarray:
+    """Ring all-reduce = reduce-scatter + all-gather: 2(n−1)/n of the buffer per rank."""
+    return 2.0 * all_gather_s(nbytes, stride, size, hw)
+
+
+def all_to_all_s(send_bytes, stride, size, hw: Hardware) -> np.ndarray:
+    """All-to-all where each rank sends ``send_bytes`` spread evenly over the group (itself included).
+
+    Traffic to peers in the same domain moves at scale-up bandwidth, the rest through the rank's own
+    NIC; hierarchical all-to-all (DeepEP, Huawei's hierarchical EP on Atlas 800T A2 / CloudMatrix)
+    runs both phases concurrently, so the slower one sets the time."""
+    inside = members_per_domain(stride, size, hw)
+    n = np.maximum(size, 1)
+    intra = send_bytes * (inside - 1) / n / scale_up_bandwidth(inside - 1, hw)
+    inter = send_bytes * (size - inside) / n / hw.scale_out_bytes_per_s
+    lat = np.where(size > inside, hw.scale_out_latency_s, hw.scale_up_latency_s)
+    return np.where(size > 1, np.maximum(intra, inter) + lat, 0.0)
+
+
+def p2p_s(nbytes, stride, hw: Hardware) -> np.ndarray:
+    """One point-to-point transfer between ranks ``stride`` apart (pipeline neighbours): one link."""
+    in_domain = stride < hw.scale_up_domain
+    bw = np.where(in_domain, scale_up_bandwidth(np.ones_like(stride), hw), hw.scale_out_bytes_per_s)
+    lat = np.where(in_domain, hw.scale_up_latency_s, hw.scale_out_latency_s)
+    return nbytes / bw + lat
+
+
+def exposed_s(comm_s, window_s, overlap_fraction) -> np.ndarray:
+    """What stays on the critical path when ``comm_s`` runs beside ``window_s`` of independent compute:
+    at most ``overlap_fraction`` of the communication hides, and never more than the window."""
+    return np.maximum(comm_s * (1.0 - overlap_fraction), comm_s - window_s)

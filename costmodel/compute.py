@@ -1,0 +1,48 @@
+"""Compute time on one device: matmuls, the attention core and memory-bound kernels.
+
+All functions take numpy arrays (one entry per config) and return seconds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .hardware import Hardware
+
+BF16_BYTES = 2
+
+
+def _saturation(flops: np.ndarray, hw: Hardware) -> np.ndarray:
+    """Fraction of the large-GEMM efficiency a kernel of ``flops`` reaches: small GEMMs (TP/ETP-sharded
+    weights, short micro-batches, few tokens per expert) fill the cores poorly. A hyperbolic curve
+    with one calibrated constant, the size at which half of the peak efficiency is lost."""
+    return flops / (flops + hw.gemm_half_flops)
+
+
+def gemm_s(m, k, n, hw: Hardware, fp8, count=1.0) -> np.ndarray:
+    """Time of ``count`` matmuls (m×k)·(k×n): the slower of the compute roofline, at an efficiency that
+    falls as the GEMM shrinks, and the HBM roofline of reading both operands and writing the result.
+
+    FP8 matmuls run at the profile's FP8 peak times ``fp8_gemm_eff_ratio`` (casts and scaling)."""
+    flops = 2.0 * m * k * n
+    eff = hw.gemm_eff_max * _saturation(flops, hw)
+    peak = np.where(fp8, hw.peak_fp8_flops * hw.fp8_gemm_eff_ratio, hw.peak_bf16_flops)
+    elem = np.where(fp8, 1.0, BF16_BYTES)
+    compute = flops / (peak * eff)
+    memory = (m * k + k * n + m * n) * elem / hw.hbm_bytes_per_s
+    return count * np.maximum(compute, memory)
+
+
+def attention_core_s(flops, hw: Hardware) -> np.ndarray:
+    """FlashAttention time for ``flops`` (BF16 even in FP8 recipes, as Transformer Engine's default)."""
+    return flops / (hw.peak_bf16_flops * hw.attn_eff * _saturation(flops, hw))
+
+
+def memory_bound_s(nbytes, hw: Hardware) -> np.ndarray:
+    """Norms, activations, softmax, router and token permutation: bytes moved over achievable HBM bandwidth."""
+    return nbytes / hw.hbm_bytes_per_s
+
+
+# FlashAttention-2's backward runs five matmuls against the forward's two (it recomputes the scores):
+# Dao 2023, "FlashAttention-2", §3.1.2 (backward pass).
+ATTN_BACKWARD_FACTOR = 2.5

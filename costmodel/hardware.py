@@ -1,0 +1,59 @@
+"""A cluster profile turned into SI scalars (FLOP/s, B/s, s, bytes) for the vectorised formulas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .spec import ClusterProfile
+
+GIB = 2.0**30
+
+
+@dataclass(frozen=True)
+class Hardware:
+    peak_bf16_flops: float
+    peak_fp8_flops: float  # 0 when the device has no FP8 matmul
+    memory_bytes: float
+    hbm_bytes_per_s: float  # achievable: line rate × hbm_eff
+    devices_per_node: int
+    scale_up_domain: int
+    scale_up_bytes_per_s: float  # achievable per device and direction: line rate × scale_up_bw_eff
+    scale_out_bytes_per_s: float
+    scale_up_link_bytes_per_s: float  # full-mesh domains (HCCS): one pair link; 0 for switched domains
+    scale_up_latency_s: float
+    scale_out_latency_s: float
+    framework_overhead_bytes: float
+    gemm_eff_max: float
+    gemm_half_flops: float
+    attn_eff: float
+    fp8_gemm_eff_ratio: float
+    tp_overlap: float
+    ep_overlap: float
+    dp_overlap: float
+    layer_overhead_s: float
+
+    @classmethod
+    def from_profile(cls, p: ClusterProfile) -> "Hardware":
+        return cls(
+            peak_bf16_flops=p.fact("peak_bf16_tflops") * 1e12,
+            peak_fp8_flops=(p.fact("peak_fp8_tflops") or 0.0) * 1e12,
+            memory_bytes=p.fact("memory_gib") * GIB,
+            hbm_bytes_per_s=p.fact("hbm_bandwidth_gbps") * 1e9 * p.eff("hbm_eff"),
+            devices_per_node=int(p.fact("devices_per_node")),
+            scale_up_domain=int(p.fact("scale_up_domain")),
+            scale_up_bytes_per_s=p.fact("scale_up_bandwidth_gbps") * 1e9 * p.eff("scale_up_bw_eff"),
+            scale_out_bytes_per_s=p.fact("scale_out_bandwidth_gbps") * 1e9 * p.eff("scale_out_bw_eff"),
+            scale_up_link_bytes_per_s=(p.facts["scale_up_link_gbps"].value or 0.0) * 1e9 * p.eff("scale_up_bw_eff")
+            if "scale_up_link_gbps" in p.facts else 0.0,
+            scale_up_latency_s=p.fact("scale_up_latency_us") * 1e-6,
+            scale_out_latency_s=p.fact("scale_out_latency_us") * 1e-6,
+            framework_overhead_bytes=p.fact("framework_overhead_gib") * GIB,
+            gemm_eff_max=p.eff("gemm_eff_max"),
+            gemm_half_flops=p.eff("gemm_half_gflop") * 1e9,
+            attn_eff=p.eff("attn_eff"),
+            fp8_gemm_eff_ratio=p.eff("fp8_gemm_eff_ratio") or 1.0,
+            tp_overlap=p.eff("tp_overlap"),
+            ep_overlap=p.eff("ep_overlap"),
+            dp_overlap=p.eff("dp_overlap"),
+            layer_overhead_s=p.eff("layer_overhead_us") * 1e-6,
+        )

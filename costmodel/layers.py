@@ -1,0 +1,284 @@
+"""Time, FLOPs, activations and weights of one layer on one device, per micro-batch.
+
+One function per block (attention, dense MLP, MoE, embedding, output head); each returns a
+:class:`Cost` whose fields are arrays with one entry per config. Communication is returned raw
+(before overlap), except context-parallel K/V exchange, which overlaps with the attention core that
+it feeds (ring attention), so only what exceeds the core's time is returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from . import comm, memory
+from .batch import MODULE_BITS
+from .compute import ATTN_BACKWARD_FACTOR, BF16_BYTES, attention_core_s, gemm_s, memory_bound_s
+from .flops import attention_params, mlp_params
+from .hardware import Hardware
+from .spec import ModelSpec
+
+BACKWARD_FACTOR = 2.0  # weight and input gradients: two GEMMs of the forward's size (SC21 §5.1)
+# Bytes moved per element by the memory-bound kernels, forward (read + write, bf16):
+NORM_BYTES = 2 * BF16_BYTES  # RMSNorm/LayerNorm: read x, write y
+RESIDUAL_BYTES = 3 * BF16_BYTES  # residual add: read two, write one
+MEMORY_BOUND_BACKWARD_FACTOR = 2.0  # gradient kernels read the input and the incoming gradient
+# Megatron-Core keeps router logits in fp32 and runs softmax/top-k over them: about three fp32 passes.
+ROUTER_BYTES_PER_SCORE = 3 * 4
+# Token permutation before and after the experts, dispatch and combine: read + write each.
+PERMUTE_BYTES = 2 * 2 * BF16_BYTES
+# Vocabulary-parallel cross-entropy: fp32 logits written, then read and rewritten by softmax and its
+# gradient: about five fp32 passes over the logits.
+CROSS_ENTROPY_BYTES_PER_LOGIT = 5 * 4
+
+
+@dataclass
+class Cost:
+    fwd_s: np.ndarray  # forward compute (matmuls, attention core, memory-bound kernels, launch overhead)
+    bwd_s: np.ndarray
+    gemm_fwd_s: np.ndarray  # the part of fwd_s that TP communication can hide behind
+    gemm_bwd_s: np.ndarray
+    selective_s: np.ndarray  # forward compute repeated by selective recompute
+    tp_fwd_s: np.ndarray
+    tp_bwd_s: np.ndarray
+    cp_fwd_s: np.ndarray  # exposed already (behind the attention core)
+    cp_bwd_s: np.ndarray
+    ep_fwd_s: np.ndarray
+    ep_bwd_s: np.ndarray
+    selective_cp_s: np.ndarray  # CP exchange repeated by selective recompute of core_attn
+    selective_ep_s: np.ndarray  # dispatch/combine repeated by selective recompute of moe
+    flops_fwd: np.ndarray  # hardware FLOPs of the forward pass on this device
+    selective_flops: np.ndarray
+    act_bytes: np.ndarray  # activations kept for the backward pass
+    transient_bytes: np.ndarray  # buffers alive only while the layer runs
+    dense_params: np.ndarray  # weights reduced over the dp·cp group
+    expert_params: np.ndarray  # weights reduced over the expert-data-parallel group
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+
+def _zero_cost(n: int) -> Cost:
+    z = np.zeros(n)
+    return Cost(**{f.name: z for f in fields(Cost)})
+
+
+@dataclass
+class Context:
+    """Everything per config the block functions read."""
+
+    spec: ModelSpec
+    hw: Hardware
+    shapes: memory.Shapes
+    fp8: np.ndarray
+    sp: np.ndarray
+    imbalance: np.ndarray
+    modules: np.ndarray  # selective recompute bit mask (0 unless recompute == selective)
+
+    def drops(self, module: str) -> np.ndarray:
+        return (self.modules & MODULE_BITS[module]) != 0
+
+
+def _tp_pair_s(ctx: Context, nbytes) -> np.ndarray:
+    """An all-gather plus a reduce-scatter (sequence parallel) or one all-reduce (without): the same
+    volume, 2(tp−1)/tp of the activation, around each tensor-parallel block (Korthikanti et al. §4.2.2)."""
+    return comm.all_reduce_s(nbytes, 1, ctx.shapes.tp, ctx.hw)
+
+
+def _residual_and_norm_bytes(ctx: Context) -> np.ndarray:
+    return (NORM_BYTES + RESIDUAL_BYTES) * ctx.shapes.tokens_sp * ctx.spec.hidden_size
+
+
+def attention_block(ctx: Context) -> Cost:
+    """Input norm, QKV (or MLA) projections, causal FlashAttention, output projection, residual."""
+    spec, hw, s, fp8 = ctx.spec, ctx.hw, ctx.shapes, ctx.fp8
+    h, a, T, tp = spec.hidden_size, spec.num_attention_heads, s.tokens, s.tp
+    if spec.multi_latent_attention:
+        rope, q_lora, kv_lora = spec.qk_pos_emb_head_dim or 0, spec.q_lora_rank, spec.kv_lora_rank
+        q_in = q_lora or h
+        down = gemm_s(T, h, kv_lora + rope, hw, fp8)
+        if q_lora:
+            down = down + gemm_s(T, h, q_lora, hw, fp8)
+        up = (gemm_s(T, q_in, a * (spec.qk_head_dim + rope) / tp, hw, fp8)
+              + gemm_s(T, kv_lora, a * (spec.qk_head_dim + spec.v_head_dim) / tp, hw, fp8))
+        out = gemm_s(T, a * spec.v_head_dim / tp, h, hw, fp8)
+        gemms = down + up + out
+        latent_norm_bytes = NORM_BYTES * T * ((q_lora or 0) + kv_lora)
+        kv_width = a * (2 * spec.qk_head_dim + 2 * rope + spec.v_head_dim) / tp  # K and V, expanded
+        up_flops = 2.0 * T * (q_in * a * (spec.qk_head_dim + rope) + kv_lora * a * (spec.qk_head_dim + spec.v_head_dim)) / tp
+    else:
+        d, g = spec.head_dim, spec.query_groups
+        gemms = gemm_s(T, h, (a + 2 * g) * d / tp, hw, fp8) + gemm_s(T, a * d / tp, h, hw, fp8)
+        up = np.zeros_like(gemms)
+        latent_norm_bytes = 0.0
+        kv_width = 2 * g * d / tp
+        up_flops = 0.0
+    params = attention_params(spec)
+    proj_flops = 2.0 * T * (params.sharded / tp + params.replicated)
+    core_flops = T * spec.seq_length * a / tp * (spec.qk_dim + spec.v_dim)
+    core_fwd = attention_core_s(core_flops, hw)
+    norm_bytes = NORM_BYTES * s.tokens_sp * h + latent_norm_bytes
+    mem_fwd = memory_bound_s(norm_bytes + RESIDUAL_BYTES * s.tokens_sp * h, hw)
+    fwd = gemms + core_fwd + mem_fwd
+    bwd = BACKWARD_FACTOR * gemms + ATTN_BACKWARD_FACTOR * core_fwd + MEMORY_BOUND_BACKWARD_FACTOR * mem_fwd
+    # Context parallelism: cp−1 ring steps pass this rank's K/V chunk forward; the backward moves
+    # K/V and their gradients (Megatron-Core's ring attention), each step hidden behind one step of
+    # attention compute.
+    kv_step = comm.p2p_s(BF16_BYTES * T * kv_width, tp, hw)
+    cp_steps = s.cp - 1
+    cp_fwd = np.maximum(cp_steps * kv_step - core_fwd, 0.0)
+    cp_bwd = np.maximum(2 * cp_steps * kv_step - ATTN_BACKWARD_FACTOR * core_fwd, 0.0)
+    selective = (ctx.drops("core_attn") * core_fwd
+                 + ctx.drops("layernorm") * memory_bound_s(norm_bytes, hw)
+                 + ctx.drops("mla_up_proj") * up)
+    selective_flops = ctx.drops("core_attn") * core_flops + ctx.drops("mla_up_proj") * up_flops
+    tp_comm = _tp_pair_s(ctx, BF16_BYTES * T * h)
+    z = np.zeros_like(fwd)
+    return Cost(
+        fwd_s=fwd, bwd_s=bwd, gemm_fwd_s=gemms, gemm_bwd_s=BACKWARD_FACTOR * gemms,
+        selective_s=selective, tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
+        ep_fwd_s=z, ep_bwd_s=z, selective_cp_s=ctx.drops("core_attn") * cp_fwd, selective_ep_s=z,
+        flops_fwd=proj_flops + core_flops, selective_flops=selective_flops,
+        act_bytes=memory.attention_activation_bytes(spec, s), transient_bytes=z,
+        dense_params=params.sharded / tp + params.replicated + 2.0 * h + z, expert_params=z)
+
+
+def _mlp_parts(ctx: Context, ffn: int, tokens, shard) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """GEMM time, activation-function time and FLOPs of an MLP of width ``ffn`` split ``shard`` ways."""
+    hw, h = ctx.hw, ctx.spec.hidden_size
+    fc1_width = (2 if ctx.spec.swiglu else 1) * ffn / shard
+    gemms = gemm_s(tokens, h, fc1_width, hw, ctx.fp8) + gemm_s(tokens, ffn / shard, h, hw, ctx.fp8)
+    act_bytes_moved = BF16_BYTES * tokens * (fc1_width + ffn / shard)  # read fc1 output, write fc2 input
+    flops = 2.0 * tokens * mlp_params(h, ffn, ctx.spec.swiglu) / shard
+    return gemms, memory_bound_s(act_bytes_moved, ctx.hw), flops
+
+
+def dense_mlp_block(ctx: Context) -> Cost:
+    """Pre-MLP norm, tensor-parallel MLP, residual."""
+    spec, s = ctx.spec, ctx.shapes
+    gemms, act, flops = _mlp_parts(ctx, spec.ffn_hidden_size, s.tokens, s.tp)
+    mem = memory_bound_s(_residual_and_norm_bytes(ctx), ctx.hw)
+    fwd = gemms + act + mem
+    tp_comm = _tp_pair_s(ctx, BF16_BYTES * s.tokens * spec.hidden_size)
+    drop_mlp = ctx.drops("mlp")
+    z = np.zeros_like(fwd)
+    return Cost(
+        fwd_s=fwd, bwd_s=BACKWARD_FACTOR * gemms + MEMORY_BOUND_BACKWARD_FACTOR * (act + mem),
+        gemm_fwd_s=gemms, gemm_bwd_s=BACKWARD_FACTOR * gemms,
+        selective_s=drop_mlp * (gemms + act) + ctx.drops("layernorm") * memory_bound_s(
+            NORM_BYTES * s.tokens_sp * spec.hidden_size, ctx.hw),
+        tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=z, cp_bwd_s=z, ep_fwd_s=z, ep_bwd_s=z,
+        selective_cp_s=z, selective_ep_s=z, flops_fwd=flops, selective_flops=drop_mlp * flops,
+        act_bytes=memory.pre_mlp_bytes(spec, s) + memory.mlp_activation_bytes(
+            spec.ffn_hidden_size, spec, s.tokens, s.tp, drop_mlp),
+        transient_bytes=z,
+        dense_params=mlp_params(spec.hidden_size, spec.ffn_hidden_size, spec.swiglu) / s.tp + 2.0 * spec.hidden_size + z,
+        expert_params=z)
+
+
+def moe_block(ctx: Context) -> Cost:
+    """Router, token dispatch (all-to-all over the EP group), routed experts, combine, shared experts.
+
+    The busiest EP rank receives ``imbalance`` × the mean tokens: its expert GEMMs and its all-to-all
+    set the pace of the layer (DeepSeek-V3 §3.2 on EP load balance)."""
+    spec, hw, s = ctx.spec, ctx.hw, ctx.shapes
+    h, f, E, k = spec.hidden_size, spec.expert_ffn, spec.num_experts, spec.moe_router_topk
+    local_experts = E / s.ep
+    tokens_per_device = s.routed * s.etp  # every ETP member processes its EP rank's tokens
+    expert_gemms, expert_act, _ = _mlp_parts(ctx, f, tokens_per_device / local_experts, s.etp)
+    expert_gemms, expert_act = local_experts * expert_gemms, local_experts * expert_act
+    expert_flops = 2.0 * s.routed * mlp_params(h, f, spec.swiglu)
+    router = (gemm_s(s.tokens_moe, h, E, hw, False)
+              + memory_bound_s(ROUTER_BYTES_PER_SCORE * s.tokens_moe * E, hw))
+    permute = memory_bound_s(PERMUTE_BYTES * s.routed * h, hw)
+    fs = spec.moe_shared_expert_intermediate_size
+    if fs:
+        sh_gemms, sh_act, sh_flops = _mlp_parts(ctx, fs, s.tokens, s.tp)
+        sh_tp = _tp_pair_s(ctx, BF16_BYTES * s.tokens * h)
+    else:
+        sh_gemms = sh_act = sh_flops = sh_tp = np.zeros_like(permute)
+    mem = memory_bound_s(_residual_and_norm_bytes(ctx), hw)
+    gemms = expert_gemms + sh_gemms + router
+    fwd = gemms + expert_act + sh_act + permute + mem
+    bwd = BACKWARD_FACTOR * gemms + MEMORY_BOUND_BACKWARD_FACTOR * (expert_act + sh_act + permute + mem)
+    # Dispatch and combine: every device sends its tokens' top-k copies; the busiest rank's receive
+    # side (imbalance × mean) sets the time. Expert-tensor parallelism adds an all-gather and a
+    # reduce-scatter of the received tokens inside the ETP group.
+    send_bytes = BF16_BYTES * s.tokens_moe * k * h * ctx.imbalance
+    a2a = 2.0 * comm.all_to_all_s(send_bytes, s.etp, s.ep, hw)
+    etp_comm = comm.all_reduce_s(BF16_BYTES * tokens_per_device * h, 1, s.etp, hw)
+    drop_moe = ctx.drops("moe")
+    selective = np.where(drop_moe, fwd, ctx.drops("moe_act") * expert_act
+                         + ctx.drops("shared_experts") * (sh_gemms + sh_act)
+                         + ctx.drops("layernorm") * memory_bound_s(NORM_BYTES * s.tokens_sp * h, hw))
+    flops = expert_flops + sh_flops + 2.0 * s.tokens_moe * h * E
+    selective_flops = np.where(drop_moe, flops, ctx.drops("shared_experts") * sh_flops)
+    tp_comm = sh_tp + etp_comm
+    z = np.zeros_like(fwd)
+    router_and_shared = h * E + mlp_params(h, fs, spec.swiglu) / s.tp + 2.0 * h
+    return Cost(
+        fwd_s=fwd, bwd_s=bwd, gemm_fwd_s=gemms, gemm_bwd_s=BACKWARD_FACTOR * gemms,
+        selective_s=selective, tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=z, cp_bwd_s=z,
+        ep_fwd_s=a2a, ep_bwd_s=a2a, selective_cp_s=z, selective_ep_s=drop_moe * a2a,
+        flops_fwd=flops, selective_flops=selective_flops,
+        act_bytes=memory.pre_mlp_bytes(spec, s) + memory.moe_block_activation_bytes(spec, s),
+        transient_bytes=memory.dispatch_buffer_bytes(spec, s),
+        dense_params=router_and_shared + z,
+        expert_params=local_experts * mlp_params(h, f, spec.swiglu) / s.etp + z)
+
+
+def dense_layer(ctx: Context) -> Cost:
+    return attention_block(ctx) + dense_mlp_block(ctx)
+
+
+def moe_layer(ctx: Context) -> Cost:
+    return attention_block(ctx) + moe_block(ctx)
+
+
+def embedding(ctx: Context) -> Cost:
+    """Token embedding lookup on the first stage; with TP its output is reduce-scattered (SP) or all-reduced."""
+    spec, s = ctx.spec, ctx.shapes
+    n = len(s.tp)
+    c = _zero_cost(n)
+    c.fwd_s = memory_bound_s(BF16_BYTES * s.tokens * spec.hidden_size, ctx.hw)
+    c.bwd_s = c.fwd_s.copy()
+    c.tp_fwd_s = comm.all_gather_s(BF16_BYTES * s.tokens * spec.hidden_size, 1, s.tp, ctx.hw)
+    c.dense_params = spec.vocab_size * spec.hidden_size / s.tp
+    return c
+
+
+def output_head(ctx: Context, holds_weights) -> Cost:
+    """Final norm, vocabulary-parallel LM head (BF16 even in FP8 recipes: Megatron's output layer is not
+    a Transformer Engine module) and cross-entropy, on the last stage."""
+    spec, hw, s = ctx.spec, ctx.hw, ctx.shapes
+    V, h = spec.vocab_size, spec.hidden_size
+    gemm = gemm_s(s.tokens, h, V / s.tp, hw, False)
+    ce = memory_bound_s(CROSS_ENTROPY_BYTES_PER_LOGIT * s.tokens * V / s.tp, hw)
+    norm = memory_bound_s(NORM_BYTES * s.tokens_sp * h, hw)
+    c = _zero_cost(len(s.tp))
+    c.fwd_s = gemm + ce / 2 + norm
+    c.bwd_s = BACKWARD_FACTOR * gemm + ce / 2 + MEMORY_BOUND_BACKWARD_FACTOR * norm
+    c.gemm_fwd_s, c.gemm_bwd_s = gemm, BACKWARD_FACTOR * gemm
+    c.tp_fwd_s = c.tp_bwd_s = comm.all_gather_s(BF16_BYTES * s.tokens * h, 1, s.tp, hw)
+    c.flops_fwd = 2.0 * s.tokens * h * V / s.tp
+    c.act_bytes = memory.logits_bytes(spec, s) + 2 * BF16_BYTES * s.tokens_sp * h
+    c.dense_params = holds_weights * V * h / s.tp
+    return c
+
+
+def mtp_extra(ctx: Context) -> Cost:
+    """What an MTP module adds to its decoder layer (DeepSeek-V3 §2.2): two norms, the 2h→h projection
+    of [hidden; embedded next token], and a pass through the shared output head."""
+    spec, s = ctx.spec, ctx.shapes
+    h = spec.hidden_size
+    proj = gemm_s(s.tokens, 2 * h, h / s.tp, ctx.hw, ctx.fp8)
+    c = output_head(ctx, holds_weights=np.zeros(len(s.tp)))
+    c.fwd_s = c.fwd_s + proj
+    c.bwd_s = c.bwd_s + BACKWARD_FACTOR * proj
+    c.gemm_fwd_s = c.gemm_fwd_s + proj
+    c.gemm_bwd_s = c.gemm_bwd_s + BACKWARD_FACTOR * proj
+    c.flops_fwd = c.flops_fwd + 4.0 * s.tokens * h * h / s.tp
+    c.act_bytes = c.act_bytes + 2 * BF16_BYTES * s.tokens_sp * h
+    c.dense_params = 2.0 * h * h / s.tp + 4.0 * h
+    return c

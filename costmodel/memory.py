@@ -1,0 +1,130 @@
+"""Memory per device: weights, gradients, optimizer states and stored activations.
+
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", §4) term by term, with FlashAttention (no s² score or softmax tensor is stored, only Q, K, V,
+the output and the row statistics) and dropout-free layers (no masks). With sequence parallelism the
+norm and residual tensors are split over tp; everything is split over cp; recompute modules drop the
+tensors they recompute (Megatron-Core's ``--recompute-modules``). Sizes are bytes per device for one
+micro-batch, arrays one entry per config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .batch import MODULE_BITS
+from .spec import ModelSpec
+
+BF16 = 2
+FP32 = 4
+# Mixed-precision Adam (Megatron-LM distributed optimizer doc, "Distributed Optimizer" table):
+# bf16 weights (2) + fp32 main gradients (4) per parameter, and fp32 master weights, momentum and
+# variance (12) per parameter, the 12 sharded over the data-parallel group with the distributed optimizer.
+WEIGHT_BYTES = BF16
+GRAD_BYTES = FP32
+OPTIMIZER_BYTES = 12
+
+
+@dataclass
+class Shapes:
+    """Per-config sizes shared by the formulas (arrays of shape (N,))."""
+
+    tokens: np.ndarray  # tokens in a micro-batch on one device's GEMMs: mbs · seq / cp
+    tokens_sp: np.ndarray  # tokens of the norm/residual stream per device: tokens / tp with SP
+    tokens_moe: np.ndarray  # tokens entering the MoE block per device (sequence-parallel shard)
+    routed: np.ndarray  # routed token copies the busiest device's experts process: tokens_moe·topk·imbalance
+    tp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    modules: np.ndarray  # recompute module bit mask, 0 unless recompute is selective
+
+
+def _drops(shapes: Shapes, module: str) -> np.ndarray:
+    return (shapes.modules & MODULE_BITS[module]) != 0
+
+
+def attention_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """Input norm, projections and FlashAttention tensors of one layer."""
+    h, a = spec.hidden_size, spec.num_attention_heads
+    T, Tsp, tp = s.tokens, s.tokens_sp, s.tp
+    keep_norm_out = ~_drops(s, "layernorm")
+    total = BF16 * Tsp * h  # layer input (norm input), always kept
+    total = total + keep_norm_out * BF16 * Tsp * h  # norm output = QKV GEMM input
+    lse = FP32 * T * a / tp  # softmax row statistics FlashAttention keeps
+    if spec.multi_latent_attention:
+        rope = spec.qk_pos_emb_head_dim or 0
+        q_lora = spec.q_lora_rank or 0
+        latents = BF16 * T * (q_lora + spec.kv_lora_rank + rope)  # down-projection outputs (replicated)
+        latent_norm_out = keep_norm_out * BF16 * T * (q_lora + spec.kv_lora_rank)
+        qkv = BF16 * T * a / tp * (2 * (spec.qk_head_dim + rope) + spec.v_head_dim)
+        qkv = qkv * ~_drops(s, "mla_up_proj")
+        out = BF16 * T * a / tp * spec.v_head_dim
+        return total + latents + latent_norm_out + qkv + out + lse
+    d, g = spec.head_dim, spec.query_groups
+    qkv = BF16 * T * (a + 2 * g) * d / tp
+    out = BF16 * T * a * d / tp
+    return total + qkv + out + lse
+
+
+def mlp_activation_bytes(ffn: int, spec: ModelSpec, T, tp, dropped) -> np.ndarray:
+    """A tensor-parallel MLP's internals: fc1 output(s) and the activation output (fc2 input)."""
+    fc1_out = (2 if spec.swiglu else 1) * ffn
+    return ~dropped * BF16 * T * (fc1_out + ffn) / tp
+
+
+def pre_mlp_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """Residual stream after attention (second norm input) and the second norm's output."""
+    keep_norm_out = ~_drops(s, "layernorm")
+    return BF16 * s.tokens_sp * spec.hidden_size * (1 + keep_norm_out)
+
+
+def dense_layer_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    return (attention_activation_bytes(spec, s) + pre_mlp_bytes(spec, s)
+            + mlp_activation_bytes(spec.ffn_hidden_size, spec, s.tokens, s.tp, _drops(s, "mlp")))
+
+
+def moe_block_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """Router scores, permuted expert inputs, expert internals, combine input and shared experts."""
+    h, f = spec.hidden_size, spec.expert_ffn
+    drop_moe = _drops(s, "moe")
+    router = FP32 * 2 * s.tokens_moe * spec.num_experts  # logits and probabilities
+    expert_in = BF16 * s.routed * s.etp * h  # etp members all hold their EP rank's tokens
+    fc1_out = BF16 * s.routed * (2 if spec.swiglu else 1) * f
+    act_out = ~_drops(s, "moe_act") * BF16 * s.routed * f
+    combine_in = BF16 * s.routed * h
+    shared = mlp_activation_bytes(spec.moe_shared_expert_intermediate_size, spec, s.tokens, s.tp,
+                                  _drops(s, "shared_experts") | drop_moe)
+    return ~drop_moe * (router + expert_in + fc1_out + act_out + combine_in) + shared
+
+
+def moe_layer_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    return attention_activation_bytes(spec, s) + pre_mlp_bytes(spec, s) + moe_block_activation_bytes(spec, s)
+
+
+def full_recompute_layer_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """A fully recomputed layer keeps only its input (Korthikanti et al. 2022 §4.2: 2sbh/t with SP)."""
+    return BF16 * s.tokens_sp * spec.hidden_size
+
+
+def dispatch_buffer_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """All-to-all send and receive buffers of the MoE layer in flight (transient)."""
+    return 2 * BF16 * s.routed * spec.hidden_size
+
+
+def logits_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """fp32 logits of the vocabulary-parallel cross-entropy (Korthikanti et al. 2022: 4sbv/t)."""
+    return FP32 * s.tokens * spec.vocab_size / s.tp
+
+
+def model_state_bytes(dense_params, expert_params, dense_shard, expert_shard, distributed_optimizer):
+    """Weights, gradients and optimizer states (bytes): the optimizer part is divided over the
+    data-parallel group (dp·cp for dense weights, expert-data-parallel for experts) when the
+    distributed optimizer is on."""
+    params = WEIGHT_BYTES * (dense_params + expert_params)
+    grads = GRAD_BYTES * (dense_params + expert_params)
+    opt_dense = OPTIMIZER_BYTES * dense_params / np.where(distributed_optimizer, dense_shard, 1)
+    opt_expert = OPTIMIZER_BYTES * expert_params / np.where(distributed_optimizer, expert_shard, 1)
+    return params, grads, opt_dense + opt_expert

@@ -1,0 +1,225 @@
+"""Pipeline parallelism: which layers each stage holds, micro-batches in flight, and the bubble.
+
+Layer split rules (documented in docs/costmodel.md):
+
+* ``pipeline_layout`` (Megatron's ``--pipeline-model-parallel-layout``): ``E`` embedding, ``t`` decoder
+  layer, ``m`` MTP layer, ``L`` loss (with the LM head), ``|`` ends a virtual stage, ``X*n`` and
+  ``(...)*n`` repeat. It lists pp·vpp virtual stages in model order; virtual stage i runs on pipeline
+  rank ``i % pp`` as its chunk ``i // pp``.
+* ``first_stage_layers`` / ``last_stage_layers`` (``--decoder-first/last-pipeline-num-layers``): the
+  first / last pipeline rank holds that many layers, the other ranks share the rest as evenly as
+  possible; each rank's layers are split over its vpp chunks as evenly as possible.
+* otherwise every virtual stage gets ``slots // (pp·vpp)`` layer slots, where slots are the layers plus
+  the embedding and the loss when ``account_for_*_in_pipeline_split`` is set; the remainder goes one
+  slot each to the middle virtual stages first (1, 2, ...), then to the first and last, since these
+  already carry the embedding and the LM head.
+
+The embedding is on the first virtual stage, the LM head, loss and MTP layers on the last one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .batch import NO_VALUE, ConfigBatch
+from .spec import ModelSpec
+
+# Composition columns of a stage.
+DENSE, MOE, EMB, HEAD, MTP = range(5)
+
+
+class LayoutError(ValueError):
+    pass
+
+
+def parse_layout(layout: str) -> list[str]:
+    """Expand a Megatron pipeline layout string into one token string per virtual stage."""
+    text = re.sub(r"[\s,]", "", layout)
+
+    def expand(s: str) -> str:
+        # innermost parenthesised groups first, then single-symbol repeats
+        pat = re.compile(r"\(([^()]*)\)\*(\d+)")
+        while True:
+            new = pat.sub(lambda mt: mt.group(1) * int(mt.group(2)), s)
+            if new == s:
+                break
+            s = new
+        if "(" in s or ")" in s:
+            raise LayoutError(f"unbalanced or unrepeated parentheses in pipeline_layout {layout!r}")
+        return re.sub(r"([EtmL])\*(\d+)", lambda mt: mt.group(1) * int(mt.group(2)), s)
+
+    flat = expand(text)
+    bad = set(flat) - set("EtmL|")
+    if bad:
+        raise LayoutError(f"pipeline_layout {layout!r} has unknown symbols {sorted(bad)}")
+    stages = flat.split("|")
+    if stages and stages[-1] == "" and len(stages) > 1:
+        stages = stages[:-1]
+    return stages
+
+
+def _even_counts(total: int, parts: int, middle_first: bool) -> list[int]:
+    base, rem = divmod(total, parts)
+    counts = [base] * parts
+    order = list(range(1, parts - 1)) + [0, parts - 1] if middle_first and parts > 2 else list(range(parts))
+    for i in order[:rem]:
+        counts[i] += 1
+    return counts
+
+
+def _virtual_stage_tokens(spec: ModelSpec, pp: int, vpp: int, first: int, last: int,
+                          acc_emb: bool, acc_loss: bool) -> list[str]:
+    """Token strings per virtual stage (model order) for the non-layout split rules."""
+    L, S = spec.num_layers, pp * vpp
+    if first != NO_VALUE or last != NO_VALUE:
+        if pp == 1:
+            per_rank = [L]
+        else:
+            if acc_emb or acc_loss:
+                raise LayoutError("first/last_stage_layers cannot be combined with "
+                                  "account_for_embedding/loss_in_pipeline_split (Megatron rejects it)")
+            fixed = {0: first, pp - 1: last}
+            fixed = {r: n for r, n in fixed.items() if n != NO_VALUE}
+            rest = L - sum(fixed.values())
+            free = [r for r in range(pp) if r not in fixed]
+            if rest < 0 or (not free and rest != 0):
+                raise LayoutError(f"first/last_stage_layers ({first}, {last}) do not add up to "
+                                  f"num_layers {L} over pp={pp}")
+            spread = _even_counts(rest, len(free), middle_first=False) if free else []
+            per_rank = [fixed.get(r, 0) for r in range(pp)]
+            for r, n in zip(free, spread):
+                per_rank[r] = n
+        counts = [0] * S
+        for r in range(pp):
+            for k, n in enumerate(_even_counts(per_rank[r], vpp, middle_first=False)):
+                counts[k * pp + r] = n
+        tokens = ["t" * n for n in counts]
+        tokens[0] = "E" + tokens[0]
+    else:
+        slots = _even_counts(L + int(acc_emb) + int(acc_loss), S, middle_first=True)
+        tokens = []
+        for v, n in enumerate(slots):
+            emb = v == 0 and acc_emb
+            loss = v == S - 1 and acc_loss
+            tokens.append("t" * (n - int(emb) - int(loss)))
+        if acc_emb and slots[0] < 1 or acc_loss and slots[-1] < 1:
+            raise LayoutError("a virtual stage has no slot for the embedding or the loss")
+        tokens[0] = "E" + tokens[0]
+    tokens[-1] = tokens[-1] + "m" * spec.mtp_num_layers + "L"
+    return tokens
+
+
+def split_stages(spec: ModelSpec, pp: int, vpp: int, first: int, last: int, acc_emb: bool,
+                 acc_loss: bool, layout: str | None) -> np.ndarray:
+    """Per physical stage composition, shape (pp, 5): dense layers, MoE layers, embedding, head, MTP.
+
+    Raises LayoutError with the reason when the split is impossible (an empty virtual stage, a
+    layout that does not match pp·vpp or num_layers, ...).
+    """
+    S = pp * vpp
+    if layout is not None:
+        tokens = parse_layout(layout)
+        if len(tokens) != S:
+            raise LayoutError(f"pipeline_layout has {len(tokens)} virtual stages, pp*vpp is {S}")
+        n_t = sum(t.count("t") for t in tokens)
+        if n_t != spec.num_layers:
+            raise LayoutError(f"pipeline_layout places {n_t} decoder layers, the model has {spec.num_layers}")
+        if "".join(tokens).count("m") != spec.mtp_num_layers:
+            raise LayoutError(f"pipeline_layout places {''.join(tokens).count('m')} MTP layers, "
+                              f"the model has {spec.mtp_num_layers}")
+        if "".join(tokens).count("E") != 1 or "".join(tokens).count("L") != 1:
+            raise LayoutError("pipeline_layout must hold exactly one E and one L")
+    else:
+        tokens = _virtual_stage_tokens(spec, pp, vpp, first, last, acc_emb, acc_loss)
+    for v, t in enumerate(tokens):
+        if not t:
+            raise LayoutError(f"virtual stage {v} holds no layer slot (pp={pp}, vpp={vpp}, "
+                              f"{spec.num_layers} layers)")
+    pattern = spec.moe_layer_pattern()
+    comp = np.zeros((pp, 5), dtype=np.int64)
+    layer = 0
+    for v, t in enumerate(tokens):
+        r = v % pp
+        n = t.count("t")
+        n_moe = sum(pattern[layer:layer + n])
+        layer += n
+        comp[r] += (n - n_moe, n_moe, t.count("E"), t.count("L"), t.count("m"))
+    return comp
+
+
+@dataclass
+class StageSet:
+    """Candidate stages per config: compositions (N, K, 5) and pipeline ranks (N, K).
+
+    For speed the batch path keeps, per distinct composition, only its lowest-rank stage: time depends
+    on the composition alone and activation memory falls with the rank, so the maxima over stages are
+    exact. ``all_stages=True`` keeps every stage (used for per-stage reports).
+    """
+
+    comp: np.ndarray
+    rank: np.ndarray
+    valid: np.ndarray  # (N,) split possible
+    errors: list[str | None]  # per split
+    split_index: np.ndarray  # (N,)
+    split_comps: list[np.ndarray]  # per split: every stage's composition, (pp, 5)
+
+
+def stage_sets(spec: ModelSpec, batch: ConfigBatch, all_stages: bool = False) -> StageSet:
+    keys = np.stack([batch.pp, batch.vpp, batch.first_stage_layers, batch.last_stage_layers,
+                     batch.account_for_embedding.astype(np.int64), batch.account_for_loss.astype(np.int64),
+                     batch.layout_id], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    per_split: list[tuple[np.ndarray, np.ndarray]] = []
+    split_comps: list[np.ndarray] = []
+    errors: list[str | None] = []
+    for pp, vpp, first, last, ae, al, lid in uniq.tolist():
+        layout = batch.layouts[lid] if lid != NO_VALUE else None
+        try:
+            comp = split_stages(spec, pp, vpp, first, last, bool(ae), bool(al), layout)
+            errors.append(None)
+        except LayoutError as exc:
+            comp = np.zeros((pp, 5), dtype=np.int64)
+            comp[0, DENSE] = 1  # placeholder so that downstream arithmetic stays finite
+            errors.append(str(exc))
+        split_comps.append(comp)
+        ranks = np.arange(pp)
+        if not all_stages:
+            _, first_idx = np.unique(comp, axis=0, return_index=True)
+            ranks = np.sort(first_idx)
+            comp = comp[ranks]
+        per_split.append((comp, ranks))
+    K = max(len(r) for _, r in per_split)
+    comp_tab = np.zeros((len(per_split), K, 5), dtype=np.int64)
+    rank_tab = np.zeros((len(per_split), K), dtype=np.int64)
+    for i, (comp, ranks) in enumerate(per_split):
+        pad = K - len(ranks)  # repeat the last stage: duplicates change neither max nor argmax
+        comp_tab[i] = np.concatenate([comp, np.repeat(comp[-1:], pad, axis=0)])
+        rank_tab[i] = np.concatenate([ranks, np.repeat(ranks[-1:], pad)])
+    valid_split = np.array([e is None for e in errors])
+    return StageSet(comp=comp_tab[inverse], rank=rank_tab[inverse], valid=valid_split[inverse],
+                    errors=errors, split_index=inverse, split_comps=split_comps)
+
+
+def microbatches_in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Stage activation sets held at the peak by pipeline rank ``rank``, in units of one micro-batch of
+    the whole stage.
+
+    1F1B (Narayanan et al. SC21 §2.2): rank r holds min(pp − r, m) micro-batches. Interleaved 1F1B:
+    Megatron-Core warms up min((pp − r − 1)·2 + (vpp − 1)·pp, m·vpp) chunk micro-batches, then holds
+    one more; each chunk is 1/vpp of the stage. Without pipelining, one micro-batch at a time.
+    """
+    pp, vpp, m = pp[:, None], vpp[:, None], m[:, None]
+    one_f_one_b = np.minimum(pp - rank, m)
+    chunks = np.minimum((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
+    interleaved = chunks / vpp
+    held = np.where(vpp > 1, interleaved, one_f_one_b)
+    return np.where(pp > 1, held, 1.0).astype(np.float64)
+
+
+def bubble_s(pp: np.ndarray, vpp: np.ndarray, stage_microbatch_s: np.ndarray) -> np.ndarray:
+    """Pipeline fill and drain: (pp − 1)/vpp micro-batch times of the slowest stage (SC21 §2.2.2)."""
+    return (pp - 1) / vpp * stage_microbatch_s

@@ -1,0 +1,99 @@
+"""The contract's evaluation result (a JSON-ready dict) for one config of a scored batch."""
+
+from __future__ import annotations
+
+import math
+from importlib import metadata
+
+import numpy as np
+
+from .batch import ConfigBatch
+from .evaluate import TIME_KEYS, BatchResult, evaluate_batch
+from .hardware import GIB
+from .spec import ClusterProfile, ModelSpec, TrainingConfig
+
+try:
+    PARAPLAN_VERSION = metadata.version("paraplan")
+except metadata.PackageNotFoundError:  # running from a source tree
+    PARAPLAN_VERSION = "0.0.0+source"
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def infeasible_reasons(br: BatchResult, i: int) -> list[dict]:
+    reasons = [{"code": r.code, "message": r.message(i)} for r in br.rules if r.broken[i]]
+    if br.broken["pipeline_split"][i]:
+        reasons.append({"code": "pipeline_split", "message": br.stages.errors[br.stages.split_index[i]]})
+    if br.valid[i] and not br.feasible[i]:
+        reasons.append({"code": "oom", "message": (
+            f"stage {int(br.peak_rank[i])} needs {br.peak_bytes[i] / GIB:.1f} GiB of "
+            f"{br.capacity_bytes / GIB:.1f} (over by {(br.peak_bytes[i] - br.capacity_bytes) / GIB:.1f} GiB)")})
+    return reasons
+
+
+def calibration_warnings(profile: ClusterProfile, spec: ModelSpec, config: TrainingConfig,
+                         devices: int) -> list[str]:
+    """Where a config lies outside what the profile's efficiency factors were fitted on."""
+    cal = profile.calibration
+    if cal is None or not cal.fitted_on:
+        return [f"profile {profile.name} is not calibrated on published runs: its efficiency factors are priors"]
+    out = []
+    if cal.precisions and config.precision not in cal.precisions:
+        out.append(f"precision {config.precision} is outside the calibration of {profile.name} "
+                   f"(fitted on {', '.join(cal.precisions)} runs)")
+    if spec.is_moe and not cal.moe:
+        out.append(f"profile {profile.name} was calibrated on dense runs only; MoE costs are extrapolated")
+    if cal.max_devices and devices > 2 * cal.max_devices:
+        out.append(f"{devices} devices is far beyond the largest calibration run on {profile.name} "
+                   f"({cal.max_devices} devices)")
+    return out
+
+
+def result_dict(br: BatchResult, i: int, profile: ClusterProfile, warnings: list[str]) -> dict:
+    """The evaluation result of config ``i``: nulls for what a structurally invalid config cannot have."""
+    valid = bool(br.valid[i])
+    val = (lambda x: _num(x)) if valid else (lambda x: None)
+    n_stages = int(br.stages.split_comps[br.stages.split_index[i]].shape[0])
+    stage_peaks = br.stage_peak_bytes[i]
+    ranks = br.stage_rank[i]
+    per_stage = [None] * n_stages
+    for r, v in zip(ranks.tolist(), stage_peaks.tolist()):
+        per_stage[r] = v / GIB
+    return {
+        "feasible": bool(br.feasible[i]),
+        "infeasible_reasons": infeasible_reasons(br, i),
+        "warnings": warnings,
+        "step_time_s": val(br.step_time_s[i]),
+        "tokens_per_s": val(br.tokens_per_s[i]),
+        "tokens_per_s_per_device": val(br.tokens_per_s_per_device[i]),
+        "model_tflops_per_device": val(br.model_tflops_per_device[i]),
+        "mfu": val(br.mfu[i]),
+        "hfu": val(br.hfu[i]),
+        "time": {k: val(br.time[k][i]) for k in TIME_KEYS},
+        "memory": {
+            "peak_gib": val(br.peak_bytes[i] / GIB),
+            "capacity_gib": br.capacity_bytes / GIB,
+            "params_gib": val(br.params_bytes[i] / GIB),
+            "grads_gib": val(br.grads_bytes[i] / GIB),
+            "optimizer_gib": val(br.optimizer_bytes[i] / GIB),
+            "activations_gib": val(br.activations_bytes[i] / GIB),
+            "per_stage_peak_gib": [val(v) if v is not None else None for v in per_stage] if valid else None,
+        },
+        "versions": {"paraplan": PARAPLAN_VERSION, "profile": profile.version()},
+    }
+
+
+def evaluate(spec: ModelSpec, profile: ClusterProfile, devices: int, config: TrainingConfig) -> dict:
+    """Evaluate one config: the vectorised path with a batch of one, every stage kept."""
+    br = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs([config]), all_stages=True)
+    return result_dict(br, 0, profile, calibration_warnings(profile, spec, config, devices))
+
+
+def evaluate_many(spec: ModelSpec, profile: ClusterProfile, devices: int,
+                  configs: list[TrainingConfig]) -> list[dict]:
+    br = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs(configs), all_stages=True)
+    return [result_dict(br, i, profile, calibration_warnings(profile, spec, c, devices))
+            for i, c in enumerate(configs)]

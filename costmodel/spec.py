@@ -1,0 +1,228 @@
+"""Input schemas of the cost model: the model spec, the training config and the cluster profile.
+
+Field names are Megatron-Core's, as in ``shared/CONTRACT.md``. The pydantic models reject wrong types,
+out-of-range values, unknown enums and unknown fields with an error naming the field; structural
+problems of a config (tp not dividing the heads, ...) are *not* input errors: they are infeasible
+reasons reported by :mod:`costmodel.validity`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe", "shared_experts")
+
+
+class ModelSpec(BaseModel):
+    """A transformer decoder, dense or MoE, in Megatron-Core's names."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    ffn_hidden_size: PositiveInt
+    vocab_size: PositiveInt
+    seq_length: PositiveInt
+    num_query_groups: PositiveInt | None = None
+    kv_channels: PositiveInt | None = None
+    swiglu: bool = True
+    untie_embeddings_and_output_weights: bool = True
+    # Multi-latent attention (DeepSeek-V2/V3, Pangu Ultra MoE).
+    multi_latent_attention: bool = False
+    q_lora_rank: PositiveInt | None = None
+    kv_lora_rank: PositiveInt | None = None
+    qk_head_dim: PositiveInt | None = None
+    qk_pos_emb_head_dim: int | None = Field(default=None, ge=0)
+    v_head_dim: PositiveInt | None = None
+    # Mixture of experts.
+    num_experts: PositiveInt | None = None
+    moe_router_topk: PositiveInt | None = None
+    moe_ffn_hidden_size: PositiveInt | None = None
+    moe_shared_expert_intermediate_size: int = Field(default=0, ge=0)
+    moe_layer_freq: PositiveInt | list[Literal[0, 1]] = 1
+    mtp_num_layers: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "ModelSpec":
+        if self.num_query_groups is not None and self.num_attention_heads % self.num_query_groups:
+            raise ValueError(
+                f"num_query_groups ({self.num_query_groups}) must divide num_attention_heads "
+                f"({self.num_attention_heads})")
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError("kv_channels is required when num_attention_heads does not divide hidden_size")
+        if self.multi_latent_attention:
+            missing = [f for f in ("kv_lora_rank", "qk_head_dim", "v_head_dim") if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"multi_latent_attention needs {', '.join(missing)}")
+        if self.num_experts is not None:
+            if self.moe_router_topk is None:
+                raise ValueError("moe_router_topk is required when num_experts is set")
+            if self.moe_router_topk > self.num_experts:
+                raise ValueError(
+                    f"moe_router_topk ({self.moe_router_topk}) exceeds num_experts ({self.num_experts})")
+        if isinstance(self.moe_layer_freq, list) and len(self.moe_layer_freq) != self.num_layers:
+            raise ValueError(
+                f"moe_layer_freq has {len(self.moe_layer_freq)} entries for {self.num_layers} layers")
+        return self
+
+    # ---- derived dimensions -------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def qk_dim(self) -> int:
+        """Per-head query/key width used by the attention score product (MLA: nope + rope part)."""
+        if self.multi_latent_attention:
+            return self.qk_head_dim + (self.qk_pos_emb_head_dim or 0)
+        return self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        return self.v_head_dim if self.multi_latent_attention else self.head_dim
+
+    @property
+    def expert_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    def moe_layer_pattern(self) -> list[int]:
+        """1 for each MoE layer, 0 for each dense layer, one entry per decoder layer."""
+        if not self.is_moe:
+            return [0] * self.num_layers
+        if isinstance(self.moe_layer_freq, list):
+            return list(self.moe_layer_freq)
+        k = self.moe_layer_freq
+        return [1 if i % k == 0 else 0 for i in range(self.num_layers)]  # Megatron-Core's int rule
+
+
+class TrainingConfig(BaseModel):
+    """One parallel/training configuration (what the search chooses)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    vpp: PositiveInt = 1
+    cp: PositiveInt = 1
+    ep: PositiveInt = 1
+    etp: PositiveInt = 1
+    dp: PositiveInt | None = None
+    micro_batch_size: PositiveInt = 1
+    global_batch_size: PositiveInt
+    sequence_parallel: bool | None = None
+    tp_comm_overlap: bool = False
+    recompute: Literal["none", "selective", "full"] = "none"
+    recompute_modules: list[str] | None = None
+    recompute_num_layers: PositiveInt | None = None
+    distributed_optimizer: bool = True
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    first_stage_layers: int | None = Field(default=None, ge=0)
+    last_stage_layers: int | None = Field(default=None, ge=0)
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    pipeline_layout: str | None = None
+    precision: Literal["bf16", "fp8"] = "bf16"
+    moe_a2a_overlap: bool = False
+    moe_load_imbalance: float | None = Field(default=None, ge=1.0, le=64.0)
+
+    @field_validator("recompute_modules")
+    @classmethod
+    def _known_modules(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        unknown = [m for m in v if m not in RECOMPUTE_MODULES]
+        if unknown:
+            raise ValueError(f"unknown recompute module(s) {unknown}; known: {list(RECOMPUTE_MODULES)}")
+        return v
+
+    @property
+    def sp(self) -> bool:
+        return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
+
+
+class Fact(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    value: float | None
+    source: str
+    confidence: Literal["high", "medium", "low"] | None = None
+
+
+EFFICIENCY_KEYS = (
+    "gemm_eff_max", "gemm_half_gflop", "attn_eff", "fp8_gemm_eff_ratio", "hbm_eff",
+    "scale_up_bw_eff", "scale_out_bw_eff", "tp_overlap", "ep_overlap", "dp_overlap",
+    "layer_overhead_us",
+)
+REQUIRED_FACTS = (
+    "peak_bf16_tflops", "peak_fp8_tflops", "memory_gib", "hbm_bandwidth_gbps", "devices_per_node",
+    "scale_up_domain", "scale_up_bandwidth_gbps", "scale_out_bandwidth_gbps", "scale_up_latency_us",
+    "scale_out_latency_us", "framework_overhead_gib",
+)
+
+
+class CalibrationInfo(BaseModel):
+    """What a profile's fitted factors were fitted on; drives the out-of-range warnings."""
+
+    model_config = ConfigDict(extra="allow")
+    fitted_on: list[str] = []
+    precisions: list[str] = []
+    moe: bool = False
+    max_devices: int = 0
+
+
+class ClusterProfile(BaseModel):
+    """One kind of machine: per-device facts, topology and the (calibrated) efficiency factors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    calibrate_from: str | None = None
+    facts: dict[str, Fact]
+    efficiency: dict[str, Fact]
+    notes: str = ""
+    calibration: CalibrationInfo | None = None
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> "ClusterProfile":
+        missing = [k for k in REQUIRED_FACTS if k not in self.facts]
+        if missing:
+            raise ValueError(f"profile facts missing: {missing}")
+        missing = [k for k in EFFICIENCY_KEYS if k not in self.efficiency]
+        if missing:
+            raise ValueError(f"profile efficiency factors missing: {missing}")
+        for k in REQUIRED_FACTS:
+            v = self.facts[k].value
+            if k != "peak_fp8_tflops" and (v is None or v <= 0):
+                raise ValueError(f"facts.{k} must be a positive number")
+        return self
+
+    def fact(self, key: str) -> float | None:
+        return self.facts[key].value
+
+    def eff(self, key: str) -> float:
+        v = self.efficiency[key].value
+        return 0.0 if v is None else float(v)
+
+    @property
+    def has_fp8(self) -> bool:
+        return bool(self.fact("peak_fp8_tflops"))
+
+    def version(self) -> str:
+        """A short content hash: results name the exact profile (facts and factors) they used."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
