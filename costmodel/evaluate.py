@@ -65,7 +65,8 @@ def _shapes(spec: ModelSpec, b: ConfigBatch, dp: np.ndarray) -> memory.Shapes:
     routed = tokens_sp * (spec.moe_router_topk or 0) * b.moe_load_imbalance
     modules = np.where(b.recompute == 1, b.recompute_modules, 0)
     return memory.Shapes(tokens=tokens, tokens_sp=tokens_sp, tokens_moe=tokens_sp, routed=routed,
-                         tp=b.tp, cp=b.cp, ep=b.ep, etp=b.etp, modules=modules)
+                         tp=b.tp, cp=b.cp, ep=b.ep, etp=b.etp, modules=modules,
+                         gemm_input_bytes=np.where(b.precision == 1, 1.0, memory.BF16))
 
 
 def _recomputed_layers_total(spec: ModelSpec, b: ConfigBatch, st: pipeline.StageSet,

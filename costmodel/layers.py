@@ -97,9 +97,12 @@ def attention_block(ctx: Context) -> Cost:
     if spec.multi_latent_attention:
         rope, q_lora, kv_lora = spec.qk_pos_emb_head_dim or 0, spec.q_lora_rank, spec.kv_lora_rank
         q_in = q_lora or h
-        down = gemm_s(T, h, kv_lora + rope, hw, fp8)
+        # Megatron-Core runs the (unsharded) down-projections on the sequence-parallel shard and
+        # all-gathers the small latents instead of the hidden states.
+        latent = kv_lora + rope + (q_lora or 0)
+        down = gemm_s(s.tokens_sp, h, kv_lora + rope, hw, fp8)
         if q_lora:
-            down = down + gemm_s(T, h, q_lora, hw, fp8)
+            down = down + gemm_s(s.tokens_sp, h, q_lora, hw, fp8)
         up = (gemm_s(T, q_in, a * (spec.qk_head_dim + rope) / tp, hw, fp8)
               + gemm_s(T, kv_lora, a * (spec.qk_head_dim + spec.v_head_dim) / tp, hw, fp8))
         out = gemm_s(T, a * spec.v_head_dim / tp, h, hw, fp8)
@@ -109,13 +112,14 @@ def attention_block(ctx: Context) -> Cost:
         up_flops = 2.0 * T * (q_in * a * (spec.qk_head_dim + rope) + kv_lora * a * (spec.qk_head_dim + spec.v_head_dim)) / tp
     else:
         d, g = spec.head_dim, spec.query_groups
+        latent = h  # the hidden states are what the QKV projection all-gathers
         gemms = gemm_s(T, h, (a + 2 * g) * d / tp, hw, fp8) + gemm_s(T, a * d / tp, h, hw, fp8)
         up = np.zeros_like(gemms)
         latent_norm_bytes = 0.0
         kv_width = 2 * g * d / tp
         up_flops = 0.0
     params = attention_params(spec)
-    proj_flops = 2.0 * T * (params.sharded / tp + params.replicated)
+    proj_flops = 2.0 * (T * params.sharded / tp + s.tokens_sp * params.replicated)
     core_flops = T * spec.seq_length * a / tp * (spec.qk_dim + spec.v_dim)
     core_fwd = attention_core_s(core_flops, hw)
     norm_bytes = NORM_BYTES * s.tokens_sp * h + latent_norm_bytes
@@ -133,7 +137,11 @@ def attention_block(ctx: Context) -> Cost:
                  + ctx.drops("layernorm") * memory_bound_s(norm_bytes, hw)
                  + ctx.drops("mla_up_proj") * up)
     selective_flops = ctx.drops("core_attn") * core_flops + ctx.drops("mla_up_proj") * up_flops
-    tp_comm = _tp_pair_s(ctx, BF16_BYTES * T * h)
+    # Gather the block input (all-gather with SP; nothing without, the all-reduce below covers it)
+    # and reduce the output projection (reduce-scatter with SP, all-reduce without).
+    gather = np.where(ctx.sp, comm.all_gather_s(BF16_BYTES * T * latent, 1, tp, hw), 0.0)
+    reduce = comm.all_gather_s(BF16_BYTES * T * h, 1, tp, hw) * np.where(ctx.sp, 1.0, 2.0)
+    tp_comm = gather + reduce
     z = np.zeros_like(fwd)
     return Cost(
         fwd_s=fwd, bwd_s=bwd, gemm_fwd_s=gemms, gemm_bwd_s=BACKWARD_FACTOR * gemms,
@@ -171,7 +179,7 @@ def dense_mlp_block(ctx: Context) -> Cost:
         tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=z, cp_bwd_s=z, ep_fwd_s=z, ep_bwd_s=z,
         selective_cp_s=z, selective_ep_s=z, flops_fwd=flops, selective_flops=drop_mlp * flops,
         act_bytes=memory.pre_mlp_bytes(spec, s) + memory.mlp_activation_bytes(
-            spec.ffn_hidden_size, spec, s.tokens, s.tp, drop_mlp),
+            spec.ffn_hidden_size, spec, s.tokens, s.tp, drop_mlp, s.gemm_input_bytes),
         transient_bytes=z,
         dense_params=mlp_params(spec.hidden_size, spec.ffn_hidden_size, spec.swiglu) / s.tp + 2.0 * spec.hidden_size + z,
         expert_params=z)

@@ -6,6 +6,10 @@ the output and the row statistics) and dropout-free layers (no masks). With sequ
 norm and residual tensors are split over tp; everything is split over cp; recompute modules drop the
 tensors they recompute (Megatron-Core's ``--recompute-modules``). Sizes are bytes per device for one
 micro-batch, arrays one entry per config.
+
+With FP8 matmuls, Transformer Engine keeps the FP8 cast of each GEMM input for the weight gradient
+(1 byte per element) instead of the BF16 tensor; tensors other kernels need (FlashAttention's Q, K, V
+and output, the norm inputs, fc1 outputs) stay BF16.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class Shapes:
     ep: np.ndarray
     etp: np.ndarray
     modules: np.ndarray  # recompute module bit mask, 0 unless recompute is selective
+    gemm_input_bytes: np.ndarray  # bytes per stored GEMM-input element: 1 with FP8, else 2
 
 
 def _drops(shapes: Shapes, module: str) -> np.ndarray:
@@ -52,13 +57,13 @@ def attention_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     T, Tsp, tp = s.tokens, s.tokens_sp, s.tp
     keep_norm_out = ~_drops(s, "layernorm")
     total = BF16 * Tsp * h  # layer input (norm input), always kept
-    total = total + keep_norm_out * BF16 * Tsp * h  # norm output = QKV GEMM input
+    total = total + keep_norm_out * s.gemm_input_bytes * Tsp * h  # norm output = QKV GEMM input
     lse = FP32 * T * a / tp  # softmax row statistics FlashAttention keeps
     if spec.multi_latent_attention:
         rope = spec.qk_pos_emb_head_dim or 0
         q_lora = spec.q_lora_rank or 0
         latents = BF16 * T * (q_lora + spec.kv_lora_rank + rope)  # down-projection outputs (replicated)
-        latent_norm_out = keep_norm_out * BF16 * T * (q_lora + spec.kv_lora_rank)
+        latent_norm_out = keep_norm_out * s.gemm_input_bytes * T * (q_lora + spec.kv_lora_rank)
         qkv = BF16 * T * a / tp * (2 * (spec.qk_head_dim + rope) + spec.v_head_dim)
         qkv = qkv * ~_drops(s, "mla_up_proj")
         out = BF16 * T * a / tp * spec.v_head_dim
@@ -69,35 +74,37 @@ def attention_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     return total + qkv + out + lse
 
 
-def mlp_activation_bytes(ffn: int, spec: ModelSpec, T, tp, dropped) -> np.ndarray:
+def mlp_activation_bytes(ffn: int, spec: ModelSpec, T, tp, dropped, gemm_input_bytes) -> np.ndarray:
     """A tensor-parallel MLP's internals: fc1 output(s) and the activation output (fc2 input)."""
     fc1_out = (2 if spec.swiglu else 1) * ffn
-    return ~dropped * BF16 * T * (fc1_out + ffn) / tp
+    return ~dropped * T * (BF16 * fc1_out + gemm_input_bytes * ffn) / tp
 
 
 def pre_mlp_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     """Residual stream after attention (second norm input) and the second norm's output."""
     keep_norm_out = ~_drops(s, "layernorm")
-    return BF16 * s.tokens_sp * spec.hidden_size * (1 + keep_norm_out)
+    return s.tokens_sp * spec.hidden_size * (BF16 + keep_norm_out * s.gemm_input_bytes)
 
 
 def dense_layer_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     return (attention_activation_bytes(spec, s) + pre_mlp_bytes(spec, s)
-            + mlp_activation_bytes(spec.ffn_hidden_size, spec, s.tokens, s.tp, _drops(s, "mlp")))
+            + mlp_activation_bytes(spec.ffn_hidden_size, spec, s.tokens, s.tp, _drops(s, "mlp"),
+                                   s.gemm_input_bytes))
 
 
 def moe_block_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
-    """Router scores, permuted expert inputs, expert internals, combine input and shared experts."""
+    """Router scores, permuted expert inputs, expert internals and shared experts."""
     h, f = spec.hidden_size, spec.expert_ffn
     drop_moe = _drops(s, "moe")
     router = FP32 * 2 * s.tokens_moe * spec.num_experts  # logits and probabilities
-    expert_in = BF16 * s.routed * s.etp * h  # etp members all hold their EP rank's tokens
+    expert_in = s.gemm_input_bytes * s.routed * s.etp * h  # etp members all hold their EP rank's tokens
     fc1_out = BF16 * s.routed * (2 if spec.swiglu else 1) * f
-    act_out = ~_drops(s, "moe_act") * BF16 * s.routed * f
-    combine_in = BF16 * s.routed * h
+    act_out = ~_drops(s, "moe_act") * s.gemm_input_bytes * s.routed * f
     shared = mlp_activation_bytes(spec.moe_shared_expert_intermediate_size, spec, s.tokens, s.tp,
-                                  _drops(s, "shared_experts") | drop_moe)
-    return ~drop_moe * (router + expert_in + fc1_out + act_out + combine_in) + shared
+                                  _drops(s, "shared_experts") | drop_moe, s.gemm_input_bytes)
+    # No combine input: Megatron-Core multiplies the routing probabilities inside the expert activation
+    # (weighted SwiGLU), so un-permutation keeps no copy of the expert output.
+    return ~drop_moe * (router + expert_in + fc1_out + act_out) + shared
 
 
 def moe_layer_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:

@@ -1,0 +1,1 @@
+"""ParaPlan's user-facing layer: the command line (and, later, the HTTP service)."""

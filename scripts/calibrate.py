@@ -1,0 +1,149 @@
+"""Fit each profile's efficiency factors on published training runs.
+
+    .venv/bin/python scripts/calibrate.py [RUNS.json] [--profile NAME ...] [--dry-run]
+
+For every profile with runs in the file, a handful of physically meaningful factors (GEMM efficiency
+curve, attention efficiency, achievable bandwidth fractions, overlap fractions, per-layer launch
+overhead) are fitted to minimise the mean absolute relative error of tokens/s per device, with a weak
+pull towards the profile's priors so that factors the runs cannot see stay where the datasheets and
+benchmarks put them. Never a factor per run, per model or per source. The result is written to
+``hardware_profiles/calibration/<profile>.json`` and is merged over the priors when a profile loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import minimize
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import hardware_profiles  # noqa: E402
+from app.validation import read_runs  # noqa: E402
+from costmodel import ConfigBatch, evaluate_batch  # noqa: E402
+from costmodel.spec import ClusterProfile  # noqa: E402
+
+DEFAULT_RUNS = ROOT.parent / "shared" / "validation" / "calibration_runs.json"
+# (lower, upper) bounds: physical ranges, not fitting conveniences.
+BOUNDS = {
+    "gemm_eff_max": (0.4, 0.95),
+    "gemm_half_gflop": (0.05, 50.0),
+    "attn_eff": (0.15, 0.75),
+    "fp8_gemm_eff_ratio": (0.4, 1.0),
+    "hbm_eff": (0.5, 0.95),
+    "scale_up_bw_eff": (0.4, 0.95),
+    "scale_out_bw_eff": (0.4, 0.95),
+    "tp_overlap": (0.05, 0.95),
+    "ep_overlap": (0.05, 0.95),
+    "dp_overlap": (0.05, 0.98),
+    "layer_overhead_us": (5.0, 2000.0),
+}
+# Pull towards the priors, per factor on (log(value / prior))²: gentle where many runs constrain the
+# factors, firmer for a device with a handful of runs.
+PRIOR_WEIGHT_RUNS = 0.25  # weight = PRIOR_WEIGHT_RUNS / number of runs
+
+
+def factors_seen(runs) -> list[str]:
+    """Only fit what the runs exercise: FP8 needs FP8 runs, EP overlap needs MoE overlap runs, ..."""
+    keys = ["gemm_eff_max", "gemm_half_gflop", "attn_eff", "hbm_eff", "layer_overhead_us"]
+    cfgs = [r.config for r in runs]
+    if any(c.precision == "fp8" for c in cfgs):
+        keys.append("fp8_gemm_eff_ratio")
+    if any(c.tp > 1 for c in cfgs):
+        keys.append("scale_up_bw_eff")
+    if any(c.tp_comm_overlap for c in cfgs):
+        keys.append("tp_overlap")
+    if sum(r.devices > 8 for r in runs) >= 3:
+        keys.append("scale_out_bw_eff")
+        keys.append("dp_overlap")
+    if any(c.moe_a2a_overlap for c in cfgs):
+        keys.append("ep_overlap")
+    return keys
+
+
+def _with_factors(base: dict, keys: list[str], values) -> ClusterProfile:
+    data = json.loads(json.dumps(base))
+    for k, v in zip(keys, values):
+        data["efficiency"][k]["value"] = float(v)
+    return ClusterProfile.model_validate(data)
+
+
+def _errors(profile: ClusterProfile, runs, batches) -> np.ndarray:
+    errs = []
+    for run, batch in zip(runs, batches):
+        res = evaluate_batch(run.spec, profile, run.devices, batch)
+        pred = res.tokens_per_s_per_device[0] if res.valid[0] else np.nan
+        errs.append(pred / run.reported - 1.0 if np.isfinite(pred) else 1.0)
+    return np.array(errs)
+
+
+def fit_profile(name: str, runs) -> dict:
+    base = hardware_profiles.raw(name)
+    base.pop("calibration", None)
+    keys = factors_seen(runs)
+    prior = np.array([base["efficiency"][k]["value"] for k in keys], dtype=float)
+    lo = np.array([BOUNDS[k][0] for k in keys])
+    hi = np.array([BOUNDS[k][1] for k in keys])
+    prior = np.clip(prior, lo, hi)
+    batches = [ConfigBatch.from_configs([r.config]) for r in runs]
+    weight = PRIOR_WEIGHT_RUNS / len(runs)
+
+    # Optimise in log space so factors of very different scales move alike.
+    def objective(z):
+        x = np.exp(np.clip(z, np.log(lo), np.log(hi)))
+        err = _errors(_with_factors(base, keys, x), runs, batches)
+        return float(np.mean(np.abs(err)) + weight * np.mean(np.log(x / prior) ** 2))
+
+    before = _errors(_with_factors(base, keys, prior), runs, batches)
+    z0 = np.log(prior)
+    best = minimize(objective, z0, method="Powell", bounds=list(zip(np.log(lo), np.log(hi))),
+                    options={"maxfev": 3000, "xtol": 1e-3, "ftol": 1e-5})
+    x = np.exp(np.clip(best.x, np.log(lo), np.log(hi)))
+    after = _errors(_with_factors(base, keys, x), runs, batches)
+    return {
+        "profile": name,
+        "factors": {k: round(float(v), 4) for k, v in zip(keys, x)},
+        "fitted_on": [r.name for r in runs],
+        "precisions": sorted({r.config.precision for r in runs}),
+        "moe": any(r.spec.is_moe for r in runs),
+        "max_devices": max(r.devices for r in runs),
+        "mape_before": round(float(np.mean(np.abs(before))), 4),
+        "mape_after": round(float(np.mean(np.abs(after))), 4),
+        "objective": "mean |predicted/reported - 1| of tokens/s per device + "
+                     f"{weight:.4f} * mean (log(factor/prior))^2",
+        "script": "scripts/calibrate.py",
+        "date": dt.date.today().isoformat(),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="?", default=str(DEFAULT_RUNS))
+    ap.add_argument("--profile", action="append", help="only these profiles (default: all with runs)")
+    ap.add_argument("--dry-run", action="store_true", help="print, do not write calibration files")
+    args = ap.parse_args(argv)
+    runs = [r for r in read_runs(args.runs) if r.problem is None]
+    by_cluster: dict[str, list] = {}
+    for r in runs:
+        by_cluster.setdefault(r.cluster, []).append(r)
+    for name in sorted(by_cluster):
+        if args.profile and name not in args.profile:
+            continue
+        result = fit_profile(name, by_cluster[name])
+        print(f"{name}: {len(by_cluster[name])} runs, MAPE {result['mape_before']:.3f} -> "
+              f"{result['mape_after']:.3f}; {result['factors']}", flush=True)
+        if not args.dry_run:
+            out = hardware_profiles.CALIBRATION_DIR / f"{name}.json"
+            out.parent.mkdir(exist_ok=True)
+            out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
