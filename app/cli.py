@@ -125,7 +125,7 @@ def validate(runs_file, as_json, worst) -> None:
     w = Table(title=f"worst {min(worst, len(ranked))} runs", title_justify="left")
     for col, just in (("run", "left"), ("cluster", "left"), ("predicted", "right"), ("reported", "right"),
                       ("error", "right"), ("fits", "left")):
-        w.add_column(col, justify=just)
+        w.add_column(col, justify=just, overflow="fold")
     for r in ranked[:worst]:
         w.add_row(r["name"], r["cluster"], _fmt(r["predicted"], ",.1f"), f"{r['reported']:,.1f}",
                   _fmt(r["error"], "+.1%"), "yes" if r["feasible"] else "[red]no[/red]")
