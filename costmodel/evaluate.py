@@ -54,6 +54,26 @@ class BatchResult:
     stage_peak_bytes: np.ndarray  # (N, K)
     stage_rank: np.ndarray  # (N, K)
     capacity_bytes: float
+    # Parts of the candidate stages' peaks, so that any stage's peak can be rebuilt (see stage_peaks).
+    stage_states_bytes: np.ndarray  # (N, K) weights + gradients + optimizer
+    stage_act_microbatch_bytes: np.ndarray  # (N, K) activations of one micro-batch of the stage
+    stage_fixed_bytes: np.ndarray  # (N, K) logits, transient buffers, framework overhead
+    microbatches: np.ndarray  # (N,)
+    pp: np.ndarray
+    vpp: np.ndarray
+
+    def stage_peaks(self, i: int) -> np.ndarray:
+        """Peak bytes of every pipeline stage of config ``i``, in rank order.
+
+        The batch path keeps one candidate per distinct stage composition; stages sharing a
+        composition differ only in the micro-batches they hold in flight."""
+        comps = self.stages.split_comps[self.stages.split_index[i]]
+        cand = self.stages.comp[i]
+        match = (comps[:, None, :] == cand[None, :, :]).all(axis=2).argmax(axis=1)
+        ranks = np.arange(len(comps))[None, :]
+        held = pipeline.microbatches_in_flight(self.pp[i:i + 1], self.vpp[i:i + 1], self.microbatches[i:i + 1], ranks)[0]
+        return (self.stage_states_bytes[i, match] + self.stage_act_microbatch_bytes[i, match] * held
+                + self.stage_fixed_bytes[i, match])
 
     def __len__(self) -> int:
         return len(self.valid)
@@ -148,9 +168,11 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
         ep_t += n * comm.exposed_s(ep_raw, col(c.fwd_s + c.bwd_s), ep_ov)
         fwd_window += n * col(c.fwd_s)
         bwd_window += n * col(c.bwd_s)
-        kept = col(c.act_bytes) * (1 - frac) + frac * col(memory.full_recompute_layer_bytes(spec, shapes))
-        act += n * kept
-        transient = np.maximum(transient, (n > 0) * (col(c.transient_bytes) + (frac > 0) * col(c.act_bytes)))
+        layer_input = col(memory.full_recompute_layer_bytes(spec, shapes))
+        act += n * (col(c.act_bytes) * (1 - frac) + frac * layer_input)
+        # while a checkpointed layer is recomputed, its activations beyond the kept input are alive
+        rebuilt = (frac > 0) * (col(c.act_bytes) - layer_input)
+        transient = np.maximum(transient, (n > 0) * (col(c.transient_bytes) + rebuilt))
         dense_params += n * col(c.dense_params)
         expert_params += n * col(c.expert_params)
 
@@ -193,7 +215,8 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     # the output layer's logits (one micro-batch), transient buffers and the framework's share.
     params_b, grads_b, opt_b = memory.model_state_bytes(dense_params, expert_params, col(dp_cp), col(edp), dist)
     in_flight = pipeline.microbatches_in_flight(b.pp, b.vpp, m, st.rank)
-    activations = act * in_flight + n_head * col(head.act_bytes) * (1 + spec.mtp_num_layers) + transient
+    fixed = n_head * col(head.act_bytes) * (1 + spec.mtp_num_layers) + transient
+    activations = act * in_flight + fixed
     stage_peak = params_b + grads_b + opt_b + activations + hw.framework_overhead_bytes
     peak_idx = np.argmax(stage_peak, axis=1)
     at_peak = lambda x: np.take_along_axis(x, peak_idx[:, None], axis=1)[:, 0]  # noqa: E731
@@ -222,4 +245,6 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
         peak_bytes=peak, peak_rank=np.take_along_axis(st.rank, peak_idx[:, None], axis=1)[:, 0],
         params_bytes=at_peak(params_b), grads_bytes=at_peak(grads_b), optimizer_bytes=at_peak(opt_b),
         activations_bytes=at_peak(activations), stage_peak_bytes=stage_peak, stage_rank=st.rank,
-        capacity_bytes=hw.memory_bytes)
+        capacity_bytes=hw.memory_bytes, stage_states_bytes=params_b + grads_b + opt_b,
+        stage_act_microbatch_bytes=act, stage_fixed_bytes=fixed + hw.framework_overhead_bytes,
+        microbatches=m, pp=b.pp, vpp=b.vpp)

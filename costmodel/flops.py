@@ -106,5 +106,7 @@ def total_params(spec: ModelSpec) -> int:
                        + spec.num_experts * mlp_params(h, spec.expert_ffn, spec.swiglu)
                        + mlp_params(h, spec.moe_shared_expert_intermediate_size, spec.swiglu))
     emb = spec.vocab_size * h * (2 if spec.untie_embeddings_and_output_weights else 1)
-    mtp = spec.mtp_num_layers * (mtp_matmul_params(spec) - spec.vocab_size * h)
+    per_moe_layer = moe // n_moe if n_moe else 0
+    mtp_layer = per_moe_layer if pattern[-1] == 1 else dense_layer_matmul_params(spec)
+    mtp = spec.mtp_num_layers * (2 * h * h + mtp_layer)  # the output head is shared, counted once
     return dense + moe + emb + mtp

@@ -96,6 +96,10 @@ def _virtual_stage_tokens(spec: ModelSpec, pp: int, vpp: int, first: int, last: 
         for r in range(pp):
             for k, n in enumerate(_even_counts(per_rank[r], vpp, middle_first=False)):
                 counts[k * pp + r] = n
+        if min(counts) < 1:
+            v = counts.index(min(counts))
+            raise LayoutError(f"virtual stage {v} holds no layer (pp={pp}, vpp={vpp}, first/last "
+                              f"stage layers {first}/{last})")
         tokens = ["t" * n for n in counts]
         tokens[0] = "E" + tokens[0]
     else:
@@ -104,9 +108,11 @@ def _virtual_stage_tokens(spec: ModelSpec, pp: int, vpp: int, first: int, last: 
         for v, n in enumerate(slots):
             emb = v == 0 and acc_emb
             loss = v == S - 1 and acc_loss
+            if n < 1:
+                raise LayoutError(f"virtual stage {v} holds no layer slot (pp={pp}, vpp={vpp}, "
+                                  f"{spec.num_layers} layers{' + embedding' if acc_emb else ''}"
+                                  f"{' + loss' if acc_loss else ''})")
             tokens.append("t" * (n - int(emb) - int(loss)))
-        if acc_emb and slots[0] < 1 or acc_loss and slots[-1] < 1:
-            raise LayoutError("a virtual stage has no slot for the embedding or the loss")
         tokens[0] = "E" + tokens[0]
     tokens[-1] = tokens[-1] + "m" * spec.mtp_num_layers + "L"
     return tokens

@@ -56,12 +56,7 @@ def result_dict(br: BatchResult, i: int, profile: ClusterProfile, warnings: list
     """The evaluation result of config ``i``: nulls for what a structurally invalid config cannot have."""
     valid = bool(br.valid[i])
     val = (lambda x: _num(x)) if valid else (lambda x: None)
-    n_stages = int(br.stages.split_comps[br.stages.split_index[i]].shape[0])
-    stage_peaks = br.stage_peak_bytes[i]
-    ranks = br.stage_rank[i]
-    per_stage = [None] * n_stages
-    for r, v in zip(ranks.tolist(), stage_peaks.tolist()):
-        per_stage[r] = v / GIB
+    per_stage = (br.stage_peaks(i) / GIB).tolist()
     return {
         "feasible": bool(br.feasible[i]),
         "infeasible_reasons": infeasible_reasons(br, i),
@@ -80,7 +75,7 @@ def result_dict(br: BatchResult, i: int, profile: ClusterProfile, warnings: list
             "grads_gib": val(br.grads_bytes[i] / GIB),
             "optimizer_gib": val(br.optimizer_bytes[i] / GIB),
             "activations_gib": val(br.activations_bytes[i] / GIB),
-            "per_stage_peak_gib": [val(v) if v is not None else None for v in per_stage] if valid else None,
+            "per_stage_peak_gib": [val(v) for v in per_stage] if valid else None,
         },
         "versions": {"paraplan": PARAPLAN_VERSION, "profile": profile.version()},
     }

@@ -73,10 +73,13 @@ def load_data(spec: str | dict) -> dict:
     if isinstance(spec, dict):
         spec = dict(spec)
         base = spec.pop("base", None)
-        data = _merge(raw(base), spec) if base else spec
-        if base and "name" not in spec:
+        if not base:
+            return _apply_calibration(spec) if "efficiency" in spec else spec
+        # the base's calibrated factors first, then the user's overrides on top of them
+        data = _merge(_apply_calibration(raw(base)), spec)
+        if "name" not in spec:
             data["name"] = f"{base}+overrides"
-        return _apply_calibration(data) if "efficiency" in data else data
+        return data
     path = Path(spec)
     if path.suffix in (".yaml", ".yml", ".json") and path.is_file():
         text = path.read_text()

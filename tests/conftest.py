@@ -1,0 +1,208 @@
+"""Shared fixtures of the cost-model tests: presets, profiles, profiles with chosen factors, and a
+seeded sampler of training configs (valid and invalid) for the invariant and batch tests.
+
+Hand-worked tests never read efficiency factors or facts from the shipped YAML files (another
+engineer calibrates them): they build a profile with ``make_profile`` and every number they use set
+explicitly, so that the expected values can be written as arithmetic in the test.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import pytest
+
+import hardware_profiles
+import model_presets
+from costmodel.spec import RECOMPUTE_MODULES, ClusterProfile, ModelSpec, TrainingConfig
+
+# ------------------------------------------------------------------------------------------------
+# presets and profiles
+
+
+@functools.lru_cache(maxsize=None)
+def load_preset(name: str) -> ModelSpec:
+    return model_presets.load(name)
+
+
+@functools.lru_cache(maxsize=None)
+def load_profile(name: str) -> ClusterProfile:
+    return hardware_profiles.load(name)
+
+
+@pytest.fixture(scope="session")
+def preset():
+    """``preset("tiny-dense")`` -> the shipped ModelSpec (cached)."""
+    return load_preset
+
+
+@pytest.fixture(scope="session")
+def profile():
+    """``profile("nvidia-h100-80gb")`` -> the shipped ClusterProfile (cached, calibrated if it is)."""
+    return load_profile
+
+
+def build_profile(base: str = "nvidia-h100-80gb", efficiency: dict | None = None,
+                  facts: dict | None = None) -> ClusterProfile:
+    """A profile that starts from ``base`` with the given efficiency factors and facts (plain numbers)
+    through the dict path of ``hardware_profiles.load``. Checks that every value took effect, so that
+    a calibration file merged over the priors cannot silently change a hand-worked test."""
+    data: dict = {"base": base}
+    if efficiency:
+        data["efficiency"] = {k: {"value": v, "source": "test override"} for k, v in efficiency.items()}
+    if facts:
+        data["facts"] = {k: {"value": v, "source": "test override"} for k, v in facts.items()}
+    prof = hardware_profiles.load(data)
+    for k, v in (efficiency or {}).items():
+        assert prof.efficiency[k].value == v, f"efficiency {k} override did not take effect"
+    for k, v in (facts or {}).items():
+        assert prof.facts[k].value == v, f"fact {k} override did not take effect"
+    return prof
+
+
+@pytest.fixture(scope="session")
+def make_profile():
+    """``make_profile(base=..., efficiency={...}, facts={...})`` -> ClusterProfile."""
+    return build_profile
+
+
+# A switched scale-up domain (NVSwitch-like) with round numbers, used by the hand-worked tests.
+ROUND_FACTS = {
+    "peak_bf16_tflops": 1000.0, "peak_fp8_tflops": 2000.0, "memory_gib": 80.0,
+    "hbm_bandwidth_gbps": 2000.0, "devices_per_node": 8, "scale_up_domain": 8,
+    "scale_up_bandwidth_gbps": 400.0, "scale_out_bandwidth_gbps": 50.0,
+    "scale_up_latency_us": 5.0, "scale_out_latency_us": 10.0, "framework_overhead_gib": 4.0,
+}
+ROUND_EFFICIENCY = {
+    "gemm_eff_max": 0.8, "gemm_half_gflop": 2.0, "attn_eff": 0.5, "fp8_gemm_eff_ratio": 0.75,
+    "hbm_eff": 0.8, "scale_up_bw_eff": 0.75, "scale_out_bw_eff": 0.8, "tp_overlap": 0.6,
+    "ep_overlap": 0.7, "dp_overlap": 0.9, "layer_overhead_us": 50.0,
+}
+
+
+@pytest.fixture(scope="session")
+def round_profile():
+    return build_profile("nvidia-h100-80gb", efficiency=ROUND_EFFICIENCY, facts=ROUND_FACTS)
+
+
+# ------------------------------------------------------------------------------------------------
+# random training configs
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _random_layout(rng: np.random.Generator, spec: ModelSpec, stages: int) -> str:
+    """A Megatron pipeline layout with ``stages`` virtual stages; sometimes with an empty stage."""
+    cuts = np.sort(rng.integers(0, spec.num_layers + 1, size=stages - 1))
+    counts = np.diff(np.concatenate([[0], cuts, [spec.num_layers]]))
+    parts = ["t" * int(c) for c in counts]
+    parts[0] = "E" + parts[0]
+    parts[-1] = parts[-1] + "m" * spec.mtp_num_layers + "L"
+    return "|".join(parts)
+
+
+def sample_config(rng: np.random.Generator, spec: ModelSpec, devices: int, *, p_wild: float = 0.15,
+                  allow_fp8: bool = True, **fixed) -> TrainingConfig:
+    """One random config for ``spec`` on ``devices`` devices. Most draws aim at a valid config (sizes
+    chosen among divisors); a fraction ``p_wild`` draws sizes freely (mostly invalid). Keyword
+    arguments fix fields."""
+    wild = rng.random() < p_wild
+    pick = lambda xs: xs[int(rng.integers(len(xs)))]  # noqa: E731
+    L = spec.num_layers
+    heads = math.gcd(spec.num_attention_heads, spec.query_groups)
+    if wild:
+        tp, pp, cp = pick([1, 2, 3, 4, 8, 16]), pick([1, 2, 3, 4, 8, 16]), pick([1, 2, 3, 4])
+        vpp = pick([1, 2, 3, 4])
+    else:
+        tp = pick([d for d in divisors(heads) if d <= 8 and devices % d == 0])
+        rest = devices // tp
+        cp = pick([c for c in (1, 1, 1, 2, 4) if rest % c == 0 and spec.seq_length % (2 * c * tp) == 0])
+        rest //= cp
+        pp = pick([p for p in divisors(rest) if p <= min(L, 16)])
+        vpp = 1 if pp == 1 else pick([1, 1, 2, 3, 4])
+        if pp * vpp > L:
+            vpp = 1
+    dp = max(devices // (tp * pp * cp), 1)
+    dense_rank = tp * cp * dp
+    if spec.is_moe:
+        if wild:
+            ep, etp = pick([1, 2, 3, 4, 8, 16, 64]), pick([1, 2, 4])
+        else:
+            etp = pick([e for e in (1, 1, 1, 2, 4) if dense_rank % e == 0])
+            ep = pick([e for e in divisors(math.gcd(spec.num_experts, dense_rank // etp)) if e <= 64])
+    else:
+        ep, etp = (pick([1, 2]), 1) if wild else (1, 1)
+    mbs = pick([1, 1, 2, 4])
+    m = pick([1, 2, 4, 8, 16])
+    gbs = mbs * dp * m if not wild else int(rng.integers(1, 4 * mbs * dp + 2))
+    recompute = pick(["none", "none", "selective", "full"])
+    kw = dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, micro_batch_size=mbs, global_batch_size=gbs,
+              recompute=recompute)
+    if recompute == "selective" and rng.random() < 0.7:
+        k = int(rng.integers(0, 4))
+        kw["recompute_modules"] = sorted(rng.choice(RECOMPUTE_MODULES, size=k, replace=False).tolist())
+    if recompute == "full" and rng.random() < 0.4:
+        kw["recompute_num_layers"] = int(rng.integers(1, 4))
+    if rng.random() < 0.1:
+        kw["dp"] = dp if rng.random() < 0.5 else dp + 1
+    sp = rng.random()
+    if sp < 0.15:
+        kw["sequence_parallel"] = False
+    elif sp < 0.3:
+        kw["sequence_parallel"] = True
+    for flag in ("tp_comm_overlap", "moe_a2a_overlap"):
+        kw[flag] = bool(rng.random() < 0.5)
+    for flag in ("distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"):
+        kw[flag] = bool(rng.random() < 0.8)
+    if allow_fp8 and rng.random() < 0.2:
+        kw["precision"] = "fp8"
+    if spec.is_moe and rng.random() < 0.6:
+        kw["moe_load_imbalance"] = float(rng.uniform(1.0, 2.0))
+    split = rng.random()
+    if split < 0.1 and pp > 1:
+        kw["first_stage_layers"] = int(rng.integers(0, max(L // pp, 1) + 1))
+        if rng.random() < 0.5:
+            kw["last_stage_layers"] = int(rng.integers(0, max(L // pp, 1) + 1))
+    elif split < 0.2:
+        kw["account_for_embedding_in_pipeline_split"] = bool(rng.random() < 0.7)
+        kw["account_for_loss_in_pipeline_split"] = bool(rng.random() < 0.7)
+    elif split < 0.3:
+        kw["pipeline_layout"] = _random_layout(rng, spec, pp * vpp)
+    kw.update(fixed)
+    return TrainingConfig(**kw)
+
+
+@pytest.fixture(scope="session")
+def sampler():
+    """``sampler(rng, spec, devices, **fixed)`` -> a random TrainingConfig (see ``sample_config``)."""
+    return sample_config
+
+
+# ------------------------------------------------------------------------------------------------
+# comparing result dicts
+
+
+def assert_same_result(a, b, rel=1e-9, path="result"):
+    """Recursive equality of two result dicts: floats to ``rel``, everything else exactly."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{path}: keys {sorted(a)} != {sorted(b)}"
+        for k in a:
+            assert_same_result(a[k], b[k], rel, f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), f"{path}: {a!r} != {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_result(x, y, rel, f"{path}[{i}]")
+    elif isinstance(a, float) and not isinstance(a, bool):
+        assert isinstance(b, (int, float)) and not isinstance(b, bool), f"{path}: {a!r} != {b!r}"
+        assert b == pytest.approx(a, rel=rel, abs=1e-300), f"{path}: {a!r} != {b!r}"
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+@pytest.fixture(scope="session")
+def same_result():
+    return assert_same_result
