@@ -14,12 +14,16 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel import evaluate as evaluate_config
+from search import ENGINES, SearchRequest, SpaceError, run_search, validate_fixed
+from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
 
 from .inputs import InputError, check_devices, load_cluster, load_config, load_model
 from .validation import read_runs, score_runs
 
 EXIT_INPUT = 2
-out = Console(soft_wrap=True)
+EXIT_NO_FIT = 3
+# Wide tables when piped (CI logs), the terminal's width otherwise.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -134,6 +138,119 @@ def validate(runs_file, as_json, worst) -> None:
         if r.get("problem") or not r["feasible"]:
             why = r.get("problem") or "; ".join(x["message"] for x in r.get("infeasible_reasons", []))
             out.print(f"  [yellow]{r['name']}[/yellow]: {why}", highlight=False)
+
+
+def _parse_fix(items: tuple[str, ...]) -> dict:
+    fixed = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise InputError("fix", f"{item!r} is not KEY=VALUE")
+        try:
+            fixed[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            fixed[key.strip()] = raw  # a bare string such as recompute=selective
+    return fixed
+
+
+def _config_brief(cfg: dict) -> str:
+    keys = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch_size", "recompute")
+    text = " ".join(f"{k.replace('micro_batch_size', 'mbs')}={cfg[k]}" for k in keys if k in cfg)
+    if cfg.get("recompute") == "selective":
+        text += f"({'+'.join(cfg.get('recompute_modules') or ['core_attn'])})"
+    if cfg.get("recompute") == "full" and cfg.get("recompute_num_layers"):
+        text += f"({cfg['recompute_num_layers']} layers)"
+    flags = [f for f in ("tp_comm_overlap", "moe_a2a_overlap") if cfg.get(f)]
+    if not cfg.get("distributed_optimizer", True):
+        flags.append("no-distopt")
+    split = [k for k in ("first_stage_layers", "last_stage_layers") if k in cfg]
+    if cfg.get("account_for_embedding_in_pipeline_split"):
+        flags.append("emb/loss-slots")
+    flags += [f"{k.split('_')[0]}={cfg[k]}" for k in split]
+    return text + (" " + " ".join(flags) if flags else "")
+
+
+def _search_table(result: dict) -> None:
+    out.print(f"engine [b]{result['engine']}[/b] · space {result['space_size']:,} configs · "
+              f"{result['trials']:,} scored · {result['feasible_trials']:,} feasible · "
+              f"{result['search_time_s']:.1f} s")
+    t = Table(title=f"top {len(result['top'])}", title_justify="left")
+    for col, just in (("rank", "right"), ("config", "left"), ("tokens/s/dev", "right"), ("MFU", "right"),
+                      ("step s", "right"), ("peak GiB", "right")):
+        t.add_column(col, justify=just, overflow="fold")
+    for e in result["top"]:
+        ev = e["evaluation"]
+        t.add_row(str(e["rank"]), _config_brief(e["config"]), f"{ev['tokens_per_s_per_device']:,.1f}",
+                  f"{ev['mfu']:.3f}", f"{ev['step_time_s']:.2f}", f"{ev['memory']['peak_gib']:.1f}")
+    out.print(t)
+
+
+@main.command()
+@click.option("--model", required=True, help="Preset name, or a JSON/YAML model spec file.")
+@click.option("--cluster", required=True, help="Profile name (hardware_profiles/), or a profile file.")
+@click.option("--devices", required=True, type=int, help="Number of devices.")
+@click.option("--global-batch-size", required=True, type=int, help="Sequences per step.")
+@click.option("--trials", type=int, default=DEFAULT_TRIALS, show_default=True, help="Trials for the samplers.")
+@click.option("--sampler", type=click.Choice(ENGINES), default="auto", show_default=True)
+@click.option("--top", "top_k", type=int, default=DEFAULT_TOP_K, show_default=True, help="How many configs to rank.")
+@click.option("--seed", type=int, default=None, help="Sampler seed (same seed, same result).")
+@click.option("--fix", "fix", multiple=True, metavar="KEY=VALUE", help="Pin a config field (repeatable).")
+@click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True)
+@click.option("--moe-load-imbalance", type=float, default=None, help="max/mean routed tokens per EP rank (≥ 1).")
+@click.option("--seq-length", type=int, default=None, help="Override the model's seq_length.")
+@click.option("--allow-cross-domain-tp", is_flag=True, help="Let tp span more than one scale-up domain.")
+@click.option("--storage", default=None, help="Optuna storage URL for sampler studies (default: in memory).")
+@click.option("--study-name", default=None, help="Optuna study name (with --storage).")
+@click.option("--timeout", "timeout_s", type=float, default=None, help="Stop sampling after this many seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the contract's JSON result.")
+def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix, precision,
+           moe_load_imbalance, seq_length, allow_cross_domain_tp, storage, study_name, timeout_s, as_json) -> None:
+    """Find the configs with the highest predicted throughput that fit in memory."""
+    try:
+        for name, value in (("devices", devices), ("global_batch_size", global_batch_size), ("trials", trials),
+                            ("top", top_k), ("seq_length", seq_length)):
+            if value is not None and value <= 0:
+                raise InputError(name, "must be a positive integer")
+        if moe_load_imbalance is not None and not 1.0 <= moe_load_imbalance <= 64.0:
+            raise InputError("moe_load_imbalance", "must be between 1.0 and 64.0")
+        spec = load_model(model, seq_length)
+        profile = load_cluster(cluster)
+        fixed = validate_fixed(_parse_fix(fix), global_batch_size)
+        req = SearchRequest(spec=spec, profile=profile, devices=devices, global_batch_size=global_batch_size,
+                            sampler=sampler, n_trials=trials, top_k=top_k, seed=seed, fixed=fixed,
+                            precision=precision, moe_load_imbalance=moe_load_imbalance,
+                            allow_cross_domain_tp=allow_cross_domain_tp, storage=storage,
+                            study_name=study_name, timeout_s=timeout_s)
+        result = _run_with_progress(req)
+    except SpaceError as exc:
+        _fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
+    except InputError as exc:
+        _fail(exc)
+    full = {"inputs": {"model": spec.model_dump(mode="json", exclude_none=True), "cluster": profile.name,
+                       "devices": devices, "global_batch_size": global_batch_size, "precision": precision,
+                       "moe_load_imbalance": moe_load_imbalance}, **result}
+    if as_json:
+        _print_json(full)
+    elif result["top"]:
+        _search_table(result)
+    if result["best"] is None:
+        smallest = result.get("smallest_peak_gib")
+        where = (f": the smallest peak found is {smallest:.1f} GiB at {_config_brief(result['smallest_peak_config'])}"
+                 if smallest is not None else ": no structurally valid config was found")
+        err.print(f"[red]no config fits in {profile.fact('memory_gib'):g} GiB[/red]{where}", highlight=False)
+        sys.exit(EXIT_NO_FIT)
+
+
+def _run_with_progress(req: SearchRequest) -> dict:
+    """Run the search with a progress bar on stderr when it is a terminal."""
+    if not err.is_terminal:
+        return run_search(req)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("searching", total=None)
+        return run_search(req, progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
 if __name__ == "__main__":

@@ -89,6 +89,8 @@ def evaluate(spec: ModelSpec, profile: ClusterProfile, devices: int, config: Tra
 
 def evaluate_many(spec: ModelSpec, profile: ClusterProfile, devices: int,
                   configs: list[TrainingConfig]) -> list[dict]:
+    if not configs:
+        return []
     br = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs(configs), all_stages=True)
     return [result_dict(br, i, profile, calibration_warnings(profile, spec, c, devices))
             for i, c in enumerate(configs)]

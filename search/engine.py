@@ -1,0 +1,82 @@
+"""One search: build the space, run an engine, rank and evaluate the top configs.
+
+``run_search`` returns the contract's search output without ``inputs`` (the caller knows how the
+model and cluster were named).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from costmodel import ClusterProfile, ModelSpec, TrainingConfig, evaluate_many
+
+from .exhaustive import ProgressFn, Ranked, run_exhaustive
+from .samplers import SAMPLERS, run_sampler
+from .space import build_space
+
+ENGINES = ("auto", "exhaustive") + SAMPLERS
+# ``auto`` enumerates spaces up to this many configs (a few seconds on one core), else runs TPE.
+AUTO_EXHAUSTIVE_MAX = 20_000_000
+DEFAULT_TRIALS = 500
+DEFAULT_TOP_K = 10
+
+
+@dataclass
+class SearchRequest:
+    spec: ModelSpec
+    profile: ClusterProfile
+    devices: int
+    global_batch_size: int
+    sampler: str = "auto"
+    n_trials: int = DEFAULT_TRIALS
+    top_k: int = DEFAULT_TOP_K
+    seed: int | None = None
+    fixed: dict | None = None
+    precision: str = "bf16"
+    moe_load_imbalance: float | None = None
+    allow_cross_domain_tp: bool = False
+    storage: object = None  # Optuna storage (URL or object); in-memory when None
+    study_name: str | None = None
+    timeout_s: float | None = None
+
+
+def _entries(req: SearchRequest, configs: list[dict]) -> list[dict]:
+    evaluations = evaluate_many(req.spec, req.profile, req.devices,
+                                [TrainingConfig.model_validate(c) for c in configs])
+    return [{"rank": i + 1, "config": c, "evaluation": e} for i, (c, e) in enumerate(zip(configs, evaluations))]
+
+
+def run_search(req: SearchRequest, progress: ProgressFn | None = None) -> dict:
+    started = time.perf_counter()
+    space = build_space(req.spec, req.profile, req.devices, req.global_batch_size, precision=req.precision,
+                        moe_load_imbalance=req.moe_load_imbalance, fixed=req.fixed,
+                        allow_cross_domain_tp=req.allow_cross_domain_tp)
+    size = space.size
+    engine = req.sampler
+    if engine == "auto":
+        engine = "exhaustive" if size <= AUTO_EXHAUSTIVE_MAX else "tpe"
+    if engine == "exhaustive":
+        ranked: Ranked = run_exhaustive(space, req.top_k, progress)
+    else:
+        ranked = run_sampler(space, engine, req.n_trials, req.top_k, seed=req.seed, storage=req.storage,
+                             study_name=req.study_name, progress=progress, timeout_s=req.timeout_s)
+    top = _entries(req, ranked.configs)
+    out = {
+        "best": top[0] if top else None,
+        "top": top,
+        "engine": engine,
+        "space_size": size,
+        "trials": ranked.trials,
+        "feasible_trials": ranked.feasible_trials,
+        "search_time_s": time.perf_counter() - started,
+    }
+    if ranked.history is not None:
+        out["history"] = ranked.history
+    if ranked.pareto is not None:
+        out["pareto"] = ranked.pareto
+    if not top:
+        out["smallest_peak_gib"] = ranked.smallest_peak_gib
+        out["smallest_peak_config"] = ranked.smallest_peak_config
+    out.update(ranked.extra)  # samplers: study_name, configs_scored
+    return out

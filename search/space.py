@@ -1,0 +1,398 @@
+"""The config space of one search, built once as arrays: counted, enumerated in chunks and sampled.
+
+Dimensions and the values offered (``docs/search.md`` is the user-facing copy):
+
+* ``tp``: divisors of gcd(heads, query groups) inside the scale-up domain (any size with
+  ``allow_cross_domain_tp``); ``cp``: 1, 2, 4, 8, 16; ``pp``: divisors of the device count up to the
+  layer count; ``vpp``: 1-8 with pp > 1; ``ep``: divisors of the expert count; ``etp``: 1, 2, 4, 8
+  (MoE only); ``micro_batch_size``: 1, 2, 4, 8.
+* the pipeline split: the even spread (always), embedding and loss as layer slots where
+  (layers + 2) divides by pp·vpp (Megatron's condition), and first/last stage sizes that give every
+  middle stage the same number of layers (vpp = 1).
+* ``recompute``: none; selective with one of ``SELECTIVE_SETS`` (the modules the model has);
+  full with ``recompute_num_layers`` all, 1, 2 or 4 per stage.
+* ``distributed_optimizer`` on/off, ``tp_comm_overlap`` on/off (tp > 1), ``moe_a2a_overlap`` on/off
+  (ep > 1).
+* ``sequence_parallel`` follows tp (on when tp > 1): with the same communication volume it only saves
+  memory (Korthikanti et al. 2022 §4.2.2), so the off value is dominated. Pin it with ``fixed``.
+
+Every offered config passes the cost model's validity rules (the same code checks both), and dp
+follows from the device count. ``fixed`` pins any config field to one value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Iterator
+
+import numpy as np
+
+from costmodel import ConfigBatch, TrainingConfig, validity
+from costmodel.batch import (DEFAULT_MOE_LOAD_IMBALANCE, NO_VALUE, PRECISION_CODES, RECOMPUTE_CODES,
+                             modules_mask)
+from costmodel.pipeline import stage_sets
+from costmodel.spec import ClusterProfile, ModelSpec
+
+CP_VALUES = (1, 2, 4, 8, 16)
+VPP_MAX = 8
+ETP_VALUES = (1, 2, 4, 8)
+MBS_VALUES = (1, 2, 4, 8)
+FULL_RECOMPUTE_LAYERS = (None, 1, 2, 4)
+SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST = "even", "embedding_loss_slots", "first_last"
+SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
+                "account_for_loss_in_pipeline_split", "pipeline_layout")
+# Selective-recompute module sets, from Megatron-Core's default to the most memory-saving; a set is
+# offered when the model has every module it names.
+SELECTIVE_SETS = (
+    ("core_attn",),
+    ("layernorm",),
+    ("layernorm", "mlp"),
+    ("layernorm", "moe_act"),
+    ("layernorm", "mla_up_proj"),
+    ("layernorm", "mla_up_proj", "moe_act"),
+    ("layernorm", "mla_up_proj", "moe_act", "shared_experts"),
+    ("layernorm", "moe"),
+    ("layernorm", "mla_up_proj", "moe"),
+)
+PARALLEL_KEYS = ("tp", "cp", "pp", "vpp", "split", "ep", "etp", "micro_batch_size")
+OPTION_KEYS = ("recompute", "distributed_optimizer", "tp_comm_overlap", "moe_a2a_overlap")
+
+
+class SpaceError(ValueError):
+    """A search request that leaves no dimension a value (field named)."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _modules_available(spec: ModelSpec) -> set[str]:
+    have = {"core_attn", "layernorm"}
+    pattern = spec.moe_layer_pattern()
+    if 0 in pattern:
+        have.add("mlp")
+    if spec.is_moe:
+        have |= {"moe_act", "moe"}
+        if spec.moe_shared_expert_intermediate_size:
+            have.add("shared_experts")
+    if spec.multi_latent_attention:
+        have.add("mla_up_proj")
+    return have
+
+
+@dataclass(frozen=True)
+class RecomputeOption:
+    recompute: str
+    modules: tuple[str, ...] | None = None
+    num_layers: int | None = None
+
+    def fields(self) -> dict:
+        out = {"recompute": self.recompute}
+        if self.recompute == "selective":
+            out["recompute_modules"] = list(self.modules)
+        if self.recompute == "full":
+            out["recompute_num_layers"] = self.num_layers
+        return out
+
+
+@dataclass
+class SearchSpace:
+    """Dimension values plus the valid parallel layouts (arrays) and the option table."""
+
+    spec: ModelSpec
+    profile: ClusterProfile
+    devices: int
+    global_batch_size: int
+    precision: str
+    moe_load_imbalance: float
+    values: dict[str, list]
+    fixed: dict
+    parallel: dict[str, np.ndarray]  # valid parallel layouts, one entry per layout
+    options: list[tuple[RecomputeOption, bool, bool, bool]]
+    layouts: list[str] = field(default_factory=list)
+    _layouts_cache: dict | None = field(default=None, repr=False)
+
+    def layout_table(self) -> dict[str, np.ndarray]:
+        """The distinct valid layouts without the micro-batch size (samplers score that inside a
+        trial), with ``split`` as an index into ``values["split"]``."""
+        if self._layouts_cache is None:
+            p = self.parallel
+            split = np.zeros(len(p["tp"]), dtype=np.int64)
+            names = self.values["split"]
+            if SPLIT_SLOTS in names:
+                split[p["account_for_embedding"]] = names.index(SPLIT_SLOTS)
+            if SPLIT_FIRST_LAST in names:
+                split[p["first_stage_layers"] != NO_VALUE] = names.index(SPLIT_FIRST_LAST)
+            keys = np.stack([p["tp"], p["cp"], p["pp"], p["vpp"], p["ep"], p["etp"], split], axis=1)
+            uniq = np.unique(keys, axis=0)
+            self._layouts_cache = dict(zip(("tp", "cp", "pp", "vpp", "ep", "etp", "split"), uniq.T))
+        return self._layouts_cache
+
+    # ---- size and enumeration ----------------------------------------------------------------
+    def _option_mask(self) -> np.ndarray:
+        """(layouts, options) allowed pairs: TP overlap needs tp > 1, all-to-all overlap ep > 1."""
+        tp_ov = np.array([o[2] for o in self.options])
+        a2a = np.array([o[3] for o in self.options])
+        tp_ok = self.parallel["tp"][:, None] > 1
+        ep_ok = self.parallel["ep"][:, None] > 1
+        fixed_tp_ov = "tp_comm_overlap" in self.fixed
+        fixed_a2a = "moe_a2a_overlap" in self.fixed
+        return ((~tp_ov[None, :] | tp_ok | fixed_tp_ov) & (~a2a[None, :] | ep_ok | fixed_a2a))
+
+    @property
+    def size(self) -> int:
+        return int(self._option_mask().sum())
+
+    def batches(self, batch_size: int = 200_000) -> Iterator[tuple[np.ndarray, np.ndarray, ConfigBatch]]:
+        """Every valid config, in chunks of about ``batch_size``: (layout rows, option indices, batch)."""
+        mask = self._option_mask()
+        rows, opts = np.nonzero(mask)  # row-major: each layout with its allowed options
+        for start in range(0, len(rows), batch_size):
+            r, o = rows[start:start + batch_size], opts[start:start + batch_size]
+            yield r, o, self.make_batch(r, o)
+
+    def make_batch(self, rows: np.ndarray, opts: np.ndarray) -> ConfigBatch:
+        """Configs from layout indices and option indices (arrays of equal length)."""
+        return self._columns_batch({k: v[rows] for k, v in self.parallel.items()}, opts)
+
+    def _columns_batch(self, par: dict[str, np.ndarray], opts: np.ndarray) -> ConfigBatch:
+        n = len(opts)
+        opt_cols = self._option_columns()
+        o = {k: v[opts] for k, v in opt_cols.items()}
+        const = lambda value, dtype=np.int64: np.full(n, value, dtype=dtype)  # noqa: E731
+        f = self.fixed
+        return ConfigBatch(
+            tp=par["tp"], pp=par["pp"], vpp=par["vpp"], cp=par["cp"], ep=par["ep"], etp=par["etp"],
+            dp=const(NO_VALUE), micro_batch_size=par["micro_batch_size"],
+            global_batch_size=const(self.global_batch_size),
+            sequence_parallel=np.full(n, f["sequence_parallel"]) if "sequence_parallel" in f else par["tp"] > 1,
+            tp_comm_overlap=o["tp_comm_overlap"], recompute=o["recompute"],
+            recompute_modules=o["recompute_modules"], recompute_num_layers=o["recompute_num_layers"],
+            distributed_optimizer=o["distributed_optimizer"],
+            overlap_grad_reduce=const(f.get("overlap_grad_reduce", True), bool),
+            overlap_param_gather=const(f.get("overlap_param_gather", True), bool),
+            first_stage_layers=par["first_stage_layers"], last_stage_layers=par["last_stage_layers"],
+            account_for_embedding=par["account_for_embedding"], account_for_loss=par["account_for_loss"],
+            layout_id=par["layout_id"], precision=const(PRECISION_CODES[self.precision]),
+            moe_a2a_overlap=o["moe_a2a_overlap"],
+            moe_load_imbalance=const(self.moe_load_imbalance, np.float64), layouts=self.layouts)
+
+    def _option_columns(self) -> dict[str, np.ndarray]:
+        rec = [o[0] for o in self.options]
+        return {
+            "recompute": np.array([RECOMPUTE_CODES[r.recompute] for r in rec], dtype=np.int64),
+            "recompute_modules": np.array([modules_mask(r.modules or ("core_attn",)) for r in rec], dtype=np.int64),
+            "recompute_num_layers": np.array([NO_VALUE if r.num_layers is None else r.num_layers for r in rec],
+                                             dtype=np.int64),
+            "distributed_optimizer": np.array([o[1] for o in self.options]),
+            "tp_comm_overlap": np.array([o[2] for o in self.options]),
+            "moe_a2a_overlap": np.array([o[3] for o in self.options]),
+        }
+
+    def config(self, row: int, opt: int) -> dict:
+        """The training config (contract field names) of one layout/option pair."""
+        return self._row_config({k: v[row].item() for k, v in self.parallel.items()}, opt)
+
+    def _row_config(self, p: dict, opt: int) -> dict:
+        rec, dist, tp_ov, a2a = self.options[opt]
+        cfg = {"tp": p["tp"], "pp": p["pp"], "vpp": p["vpp"], "cp": p["cp"], "ep": p["ep"], "etp": p["etp"],
+               "dp": self.devices // (p["tp"] * p["pp"] * p["cp"]),
+               "micro_batch_size": p["micro_batch_size"], "global_batch_size": self.global_batch_size,
+               "sequence_parallel": self.fixed.get("sequence_parallel", p["tp"] > 1),
+               "tp_comm_overlap": bool(tp_ov), **rec.fields(), "distributed_optimizer": bool(dist),
+               "overlap_grad_reduce": self.fixed.get("overlap_grad_reduce", True),
+               "overlap_param_gather": self.fixed.get("overlap_param_gather", True),
+               "precision": self.precision, "moe_a2a_overlap": bool(a2a),
+               "moe_load_imbalance": self.moe_load_imbalance}
+        if p["layout_id"] != NO_VALUE:
+            cfg["pipeline_layout"] = self.layouts[p["layout_id"]]
+        if p["first_stage_layers"] != NO_VALUE:
+            cfg["first_stage_layers"] = p["first_stage_layers"]
+        if p["last_stage_layers"] != NO_VALUE:
+            cfg["last_stage_layers"] = p["last_stage_layers"]
+        if p["account_for_embedding"]:
+            cfg["account_for_embedding_in_pipeline_split"] = True
+        if p["account_for_loss"]:
+            cfg["account_for_loss_in_pipeline_split"] = True
+        return cfg
+
+    def choice_columns(self, choices: list[dict]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """Layout columns, option indices and a split-accepted mask for per-dimension choices (what a
+        sampler suggests); choices need not be valid, the cost model says which are."""
+        n = len(choices)
+        par = {k: np.array([c[k] for c in choices], dtype=np.int64)
+               for k in ("tp", "cp", "pp", "vpp", "ep", "etp", "micro_batch_size")}
+        splits = []
+        for c in choices:
+            splits.append({k: self.fixed[k] for k in SPLIT_FIELDS if k in self.fixed} if c["split"] == "fixed"
+                          else _split_fields(self.spec, c["pp"], c["vpp"], c["split"]))
+        split_ok = np.array([f is not None for f in splits], dtype=bool)
+        splits = [f or {} for f in splits]
+        par["first_stage_layers"] = np.array([f.get("first_stage_layers", NO_VALUE) for f in splits], dtype=np.int64)
+        par["last_stage_layers"] = np.array([f.get("last_stage_layers", NO_VALUE) for f in splits], dtype=np.int64)
+        par["account_for_embedding"] = np.array(
+            [f.get("account_for_embedding_in_pipeline_split", False) for f in splits], dtype=bool)
+        par["account_for_loss"] = np.array(
+            [f.get("account_for_loss_in_pipeline_split", False) for f in splits], dtype=bool)
+        par["layout_id"] = np.array([0 if "pipeline_layout" in f else NO_VALUE for f in splits], dtype=np.int64)
+        opts = np.array([c["option"] for c in choices], dtype=np.int64)
+        return par, opts, split_ok
+
+    def choice_batch(self, choices: list[dict]) -> tuple[ConfigBatch, np.ndarray]:
+        par, opts, split_ok = self.choice_columns(choices)
+        return self._columns_batch(par, opts), split_ok
+
+    def choice_config(self, choice: dict) -> dict:
+        par, opts, _ = self.choice_columns([choice])
+        return self._row_config({k: v[0].item() for k, v in par.items()}, int(opts[0]))
+
+
+def _split_fields(spec: ModelSpec, pp: int, vpp: int, mode: str) -> dict | None:
+    """The config fields of one pipeline-split option, or None where Megatron would not accept it."""
+    L = spec.num_layers
+    if mode == SPLIT_EVEN:
+        return {}
+    if mode == SPLIT_SLOTS:
+        if pp > 1 and (L + 2) % (pp * vpp) == 0:
+            return {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
+        return None
+    if mode == SPLIT_FIRST_LAST and pp > 2 and vpp == 1 and L % pp:
+        middle = math.ceil(L / pp)
+        rest = L - (pp - 2) * middle
+        first = rest // 2
+        if first >= 1 and rest - first >= 1:
+            return {"first_stage_layers": first, "last_stage_layers": rest - first}
+    return None
+
+
+def _values(spec: ModelSpec, profile: ClusterProfile, devices: int, allow_cross_domain_tp: bool) -> dict[str, list]:
+    domain = int(profile.fact("scale_up_domain"))
+    tp_cap = devices if allow_cross_domain_tp else domain
+    tp = [d for d in divisors(math.gcd(spec.num_attention_heads, spec.query_groups)) if d <= tp_cap]
+    cp = [c for c in CP_VALUES if c == 1 or spec.seq_length % (2 * c) == 0]
+    pp = [p for p in divisors(devices) if p <= spec.num_layers]
+    vpp = list(range(1, VPP_MAX + 1))
+    ep = divisors(spec.num_experts) if spec.is_moe else [1]
+    etp = [e for e in ETP_VALUES if e <= domain] if spec.is_moe else [1]
+    have = _modules_available(spec)
+    recompute = ([RecomputeOption("none")]
+                 + [RecomputeOption("selective", s) for s in SELECTIVE_SETS if set(s) <= have]
+                 + [RecomputeOption("full", None, n) for n in FULL_RECOMPUTE_LAYERS])
+    return {"tp": tp, "cp": cp, "pp": pp, "vpp": vpp, "ep": ep, "etp": etp,
+            "micro_batch_size": list(MBS_VALUES),
+            "split": [SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST],
+            "recompute": recompute, "distributed_optimizer": [True, False],
+            "tp_comm_overlap": [False, True], "moe_a2a_overlap": [False, True] if spec.is_moe else [False]}
+
+
+def _apply_fixed(values: dict[str, list], fixed: dict) -> dict[str, list]:
+    values = dict(values)
+    for key in ("tp", "cp", "pp", "vpp", "ep", "etp", "micro_batch_size", "distributed_optimizer",
+                "tp_comm_overlap", "moe_a2a_overlap"):
+        if key in fixed:
+            values[key] = [fixed[key]]
+    if any(k in fixed for k in ("recompute", "recompute_modules", "recompute_num_layers")):
+        opts = values["recompute"]
+        if "recompute" in fixed:
+            opts = [o for o in opts if o.recompute == fixed["recompute"]]
+        if "recompute_modules" in fixed:
+            mods = tuple(fixed["recompute_modules"])
+            opts = [RecomputeOption("selective", mods)]
+        if "recompute_num_layers" in fixed:
+            opts = [RecomputeOption("full", None, fixed["recompute_num_layers"])]
+        if fixed.get("recompute") == "selective" and not opts:
+            opts = [RecomputeOption("selective", ("core_attn",))]
+        values["recompute"] = opts
+    if any(k in fixed for k in SPLIT_FIELDS):
+        values["split"] = ["fixed"]
+    return values
+
+
+def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_batch_size: int, *,
+                precision: str = "bf16", moe_load_imbalance: float | None = None,
+                fixed: dict | None = None, allow_cross_domain_tp: bool = False) -> SearchSpace:
+    """All valid configs of one search. ``fixed`` pins config fields (validated by the caller)."""
+    fixed = dict(fixed or {})
+    imbalance = DEFAULT_MOE_LOAD_IMBALANCE if moe_load_imbalance is None else moe_load_imbalance
+    values = _apply_fixed(_values(spec, profile, devices, allow_cross_domain_tp), fixed)
+    for key, vals in values.items():
+        if not vals:
+            raise SpaceError(f"fix.{key}" if key in fixed else key, "no value is left for this dimension")
+
+    layouts: list[str] = []
+    if "pipeline_layout" in fixed:
+        layouts.append(fixed["pipeline_layout"])
+    # Split options per (pp, vpp): computed once, in Python (a few hundred pairs at most).
+    split_rows = []
+    for pp, vpp, mode in product(values["pp"], values["vpp"], values["split"]):
+        if vpp > 1 and pp == 1:
+            continue
+        if mode == "fixed":
+            fields = {k: fixed[k] for k in SPLIT_FIELDS if k in fixed}
+        else:
+            fields = _split_fields(spec, pp, vpp, mode)
+            if fields is None:
+                continue
+        split_rows.append((pp, vpp, fields))
+    grid = list(product(range(len(split_rows)), values["tp"], values["cp"], values["ep"], values["etp"],
+                        values["micro_batch_size"]))
+    if not grid or not split_rows:
+        raise SpaceError("pp", "no pipeline size fits this device count and model")
+    g = np.array(grid, dtype=np.int64)
+    split_idx = g[:, 0]
+    pp_col = np.array([r[0] for r in split_rows], dtype=np.int64)[split_idx]
+    vpp_col = np.array([r[1] for r in split_rows], dtype=np.int64)[split_idx]
+    field_col = lambda key, default: np.array([r[2].get(key, default) for r in split_rows])[split_idx]  # noqa: E731
+    parallel = {
+        "tp": g[:, 1], "cp": g[:, 2], "pp": pp_col, "vpp": vpp_col, "ep": g[:, 3], "etp": g[:, 4],
+        "micro_batch_size": g[:, 5],
+        "first_stage_layers": field_col("first_stage_layers", NO_VALUE).astype(np.int64),
+        "last_stage_layers": field_col("last_stage_layers", NO_VALUE).astype(np.int64),
+        "account_for_embedding": field_col("account_for_embedding_in_pipeline_split", False).astype(bool),
+        "account_for_loss": field_col("account_for_loss_in_pipeline_split", False).astype(bool),
+        "layout_id": np.where(field_col("pipeline_layout", "") != "", 0, NO_VALUE).astype(np.int64)
+        if layouts else np.full(len(g), NO_VALUE, dtype=np.int64),
+    }
+    options = [(r, d, t, a) for r, d, t, a in product(values["recompute"], values["distributed_optimizer"],
+                                                         values["tp_comm_overlap"], values["moe_a2a_overlap"])]
+    space = SearchSpace(spec=spec, profile=profile, devices=devices, global_batch_size=global_batch_size,
+                        precision=precision, moe_load_imbalance=imbalance, values=values, fixed=fixed,
+                        parallel=parallel, options=options, layouts=layouts)
+    # Keep the layouts every validity rule accepts, checked by the cost model's own code.
+    probe = space.make_batch(np.arange(len(g)), np.zeros(len(g), dtype=np.int64))
+    broken = np.logical_or.reduce([r.broken for r in validity.check(spec, probe, devices, profile.has_fp8)])
+    ok = ~broken & stage_sets(spec, probe).valid
+    if not allow_cross_domain_tp and "tp" not in fixed:
+        ok &= probe.tp <= int(profile.fact("scale_up_domain"))
+    space.parallel = {k: v[ok] for k, v in parallel.items()}
+    if space.size == 0:
+        if fixed:
+            raise SpaceError("fix", f"the pinned values ({', '.join(f'{k}={v}' for k, v in fixed.items())}) "
+                                    "leave no structurally valid config")
+        raise SpaceError("global_batch_size", f"no structurally valid config for {devices} devices and "
+                                              f"global batch {global_batch_size} (check divisibility)")
+    return space
+
+
+def validate_fixed(fixed: dict, global_batch_size: int) -> dict:
+    """Type-check pinned fields through the config schema; raises SpaceError naming ``fix.KEY``."""
+    from pydantic import ValidationError
+
+    unknown = [k for k in fixed if k not in TrainingConfig.model_fields or k in ("global_batch_size", "dp")]
+    if unknown:
+        raise SpaceError(f"fix.{unknown[0]}", "not a config field that a search chooses")
+    for key in ("precision", "moe_load_imbalance"):
+        if key in fixed:
+            raise SpaceError(f"fix.{key}", "is an input of the search (--precision, --moe-load-imbalance), not searched")
+    try:
+        cfg = TrainingConfig.model_validate({"global_batch_size": global_batch_size, **fixed})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise SpaceError(f"fix.{'.'.join(map(str, err['loc']))}", err["msg"]) from None
+    return {k: getattr(cfg, k) for k in fixed}

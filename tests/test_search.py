@@ -1,0 +1,209 @@
+"""The search: its space against a brute-force reference, pinning, seeds, engines and the CLI."""
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+
+import hardware_profiles
+import model_presets
+from costmodel import ConfigBatch, TrainingConfig, evaluate_batch
+from search import SearchRequest, SpaceError, build_space, run_search, validate_fixed
+from search.space import (CP_VALUES, ETP_VALUES, MBS_VALUES, SPLIT_EVEN, SPLIT_FIRST_LAST, SPLIT_SLOTS,
+                          _split_fields, divisors)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+CANON_FIELDS = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 1, "micro_batch_size": 1,
+                "global_batch_size": None, "sequence_parallel": None, "tp_comm_overlap": False,
+                "recompute": "none", "recompute_modules": None, "recompute_num_layers": None,
+                "distributed_optimizer": True, "first_stage_layers": None, "last_stage_layers": None,
+                "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
+                "moe_a2a_overlap": False}
+
+
+def _canon(cfg: dict) -> tuple:
+    return tuple((k, json.dumps(cfg.get(k, d))) for k, d in CANON_FIELDS.items())
+
+
+def _space_configs(space) -> list:
+    rows, opts = np.nonzero(space._option_mask())
+    return [_canon(space.config(int(r), int(o))) for r, o in zip(rows, opts)]
+
+
+def _brute_force(spec, profile, devices, gbs) -> set:
+    """Every combination of the documented value sets that the cost model calls valid: layouts are
+    checked one by one through the pydantic path, then crossed with every option they allow."""
+    domain = int(profile.fact("scale_up_domain"))
+    heads_gcd = int(np.gcd(spec.num_attention_heads, spec.query_groups))
+    recompute = build_space(spec, profile, devices, gbs).values["recompute"]  # the documented module sets
+    layouts = []
+    for tp, cp, pp, vpp, mode, ep, etp, mbs in itertools.product(
+            [t for t in divisors(heads_gcd) if t <= domain], CP_VALUES,
+            [p for p in divisors(devices) if p <= spec.num_layers], range(1, 9),
+            (SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST), divisors(spec.num_experts) if spec.is_moe else [1],
+            ETP_VALUES if spec.is_moe else (1,), MBS_VALUES):
+        split = None if (vpp > 1 and pp == 1) else _split_fields(spec, pp, vpp, mode)
+        if split is not None:
+            layouts.append({"tp": tp, "cp": cp, "pp": pp, "vpp": vpp, "ep": ep, "etp": etp,
+                            "micro_batch_size": mbs, "global_batch_size": gbs, "sequence_parallel": tp > 1, **split})
+    models = [TrainingConfig.model_validate(c) for c in layouts]
+    valid = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs(models)).valid
+    out = set()
+    for lay in itertools.compress(layouts, valid):
+        for rec, dist, tp_ov, a2a in itertools.product(recompute, (True, False), (False, True), (False, True)):
+            if (tp_ov and lay["tp"] == 1) or (a2a and lay["ep"] == 1):
+                continue
+            out.add(_canon({**lay, **rec.fields(), "distributed_optimizer": dist, "tp_comm_overlap": tp_ov,
+                            "moe_a2a_overlap": a2a}))
+    return out
+
+
+@pytest.mark.parametrize("model,devices,gbs", [("tiny-dense", 8, 32), ("tiny-moe", 8, 16), ("tiny-mla-moe", 16, 32)])
+def test_space_matches_brute_force(model, devices, gbs):
+    spec, profile = model_presets.load(model), hardware_profiles.load("nvidia-h100-80gb")
+    space = build_space(spec, profile, devices, gbs)
+    offered = _space_configs(space)
+    assert len(set(offered)) == len(offered) == space.size  # no duplicates in the enumeration
+    assert set(offered) == _brute_force(spec, profile, devices, gbs)
+
+
+def test_space_offers_only_valid_configs():
+    spec, profile = model_presets.load("tiny-mla-moe"), hardware_profiles.load("ascend-910b")
+    space = build_space(spec, profile, 32, 64)
+    for _, _, batch in space.batches(50_000):
+        br = evaluate_batch(spec, profile, 32, batch)
+        assert br.valid.all()
+        assert (batch.tp <= 8).all()  # inside the Atlas 800T A2 node
+
+
+def test_fixing_a_dimension_is_honoured():
+    spec, profile = model_presets.load("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb")
+    fixed = validate_fixed({"tp": 2, "recompute": "full", "moe_a2a_overlap": False}, 64)
+    res = run_search(SearchRequest(spec=spec, profile=profile, devices=16, global_batch_size=64,
+                                   sampler="exhaustive", top_k=5, fixed=fixed))
+    assert res["top"]
+    for entry in res["top"]:
+        assert entry["config"]["tp"] == 2 and entry["config"]["recompute"] == "full"
+        assert entry["config"]["moe_a2a_overlap"] is False
+    full = build_space(spec, profile, 16, 64)
+    pinned = build_space(spec, profile, 16, 64, fixed=fixed)
+    assert 0 < pinned.size < full.size
+
+
+def test_bad_fix_names_the_field():
+    with pytest.raises(SpaceError, match="fix.tp"):
+        validate_fixed({"tp": 0}, 64)
+    with pytest.raises(SpaceError, match="fix.nonsense"):
+        validate_fixed({"nonsense": 1}, 64)
+    spec, profile = model_presets.load("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb")
+    with pytest.raises(SpaceError, match="fix"):
+        build_space(spec, profile, 16, 64, fixed={"tp": 3})
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "nsga2"])
+def test_same_seed_same_result(sampler):
+    spec, profile = model_presets.load("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb")
+    runs = [run_search(SearchRequest(spec=spec, profile=profile, devices=16, global_batch_size=64,
+                                     sampler=sampler, n_trials=60, top_k=5, seed=7)) for _ in range(2)]
+    assert runs[0]["history"] == runs[1]["history"]
+    assert [e["config"] for e in runs[0]["top"]] == [e["config"] for e in runs[1]["top"]]
+    other = run_search(SearchRequest(spec=spec, profile=profile, devices=16, global_batch_size=64,
+                                     sampler=sampler, n_trials=60, top_k=5, seed=8))
+    assert other["history"] != runs[0]["history"]
+
+
+def test_exhaustive_finds_the_best_of_an_independent_scoring():
+    """The ranked best is the maximum over every valid config scored one by one."""
+    spec, profile = model_presets.load("tiny-dense"), hardware_profiles.load("nvidia-a100-80gb")
+    res = run_search(SearchRequest(spec=spec, profile=profile, devices=8, global_batch_size=32,
+                                   sampler="exhaustive", top_k=3))
+    space = build_space(spec, profile, 8, 32)
+    rows, opts = np.nonzero(space._option_mask())
+    configs = [TrainingConfig.model_validate(space.config(int(r), int(o))) for r, o in zip(rows, opts)]
+    br = evaluate_batch(spec, profile, 8, ConfigBatch.from_configs(configs))
+    best = np.max(np.where(br.feasible, br.tokens_per_s, -np.inf))
+    assert res["best"]["evaluation"]["tokens_per_s"] == pytest.approx(best, rel=1e-12)
+    assert res["trials"] == space.size and res["feasible_trials"] == int(br.feasible.sum())
+
+
+def test_ranked_top_is_unique_feasible_and_sorted():
+    spec, profile = model_presets.load("tiny-mla-moe"), hardware_profiles.load("nvidia-h100-80gb")
+    for sampler in ("exhaustive", "tpe"):
+        res = run_search(SearchRequest(spec=spec, profile=profile, devices=16, global_batch_size=64,
+                                       sampler=sampler, n_trials=120, top_k=8, seed=1))
+        configs = [json.dumps(e["config"], sort_keys=True) for e in res["top"]]
+        assert len(configs) == len(set(configs))
+        assert all(e["evaluation"]["feasible"] for e in res["top"])
+        tps = [e["evaluation"]["tokens_per_s"] for e in res["top"]]
+        assert tps == sorted(tps, reverse=True)
+        assert [e["rank"] for e in res["top"]] == list(range(1, len(res["top"]) + 1))
+        assert res["trials"] >= res["feasible_trials"]
+
+
+def test_tpe_reaches_the_exhaustive_optimum_on_a_small_case():
+    spec, profile = model_presets.load("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb")
+    exact = run_search(SearchRequest(spec=spec, profile=profile, devices=16, global_batch_size=64,
+                                     sampler="exhaustive", top_k=1))
+    tpe = run_search(SearchRequest(spec=spec, profile=profile, devices=16, global_batch_size=64,
+                                   sampler="tpe", n_trials=300, top_k=1, seed=0))
+    assert tpe["best"]["evaluation"]["tokens_per_s"] >= 0.95 * exact["best"]["evaluation"]["tokens_per_s"]
+
+
+def test_nsga2_returns_a_pareto_front():
+    spec, profile = model_presets.load("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb")
+    res = run_search(SearchRequest(spec=spec, profile=profile, devices=16, global_batch_size=64,
+                                   sampler="nsga2", n_trials=150, top_k=5, seed=2))
+    front = res["pareto"]
+    assert front
+    for a in front:  # nobody on the front is dominated by another member
+        assert not any(b["tokens_per_s"] >= a["tokens_per_s"] and b["memory_headroom_gib"] >= a["memory_headroom_gib"]
+                       and (b["tokens_per_s"], b["memory_headroom_gib"]) != (a["tokens_per_s"], a["memory_headroom_gib"])
+                       for b in front)
+
+
+def test_study_lives_in_the_given_storage(tmp_path):
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    spec, profile = model_presets.load("tiny-dense"), hardware_profiles.load("nvidia-h100-80gb")
+    run_search(SearchRequest(spec=spec, profile=profile, devices=8, global_batch_size=32, sampler="random",
+                             n_trials=30, seed=1, storage=url, study_name="paraplan-test"))
+    study = optuna.load_study(study_name="paraplan-test", storage=url)
+    assert len(study.trials) == 30
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_cli_search_json_shape():
+    proc = _cli("search", "--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices", "16",
+                "--global-batch-size", "64", "--sampler", "tpe", "--trials", "40", "--seed", "3", "--top", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out) >= {"inputs", "best", "top", "history", "engine", "space_size", "trials", "feasible_trials",
+                        "search_time_s"}
+    assert out["inputs"]["cluster"] == "nvidia-h100-80gb" and out["inputs"]["devices"] == 16
+    assert out["engine"] == "tpe" and out["trials"] == 40 and len(out["history"]) == 40
+    assert out["best"] == out["top"][0] and out["best"]["rank"] == 1
+
+
+def test_cli_search_exits_3_when_nothing_fits():
+    proc = _cli("search", "--model", "llama3-405b", "--cluster", "nvidia-h100-80gb", "--devices", "8",
+                "--global-batch-size", "64", "--json")
+    assert proc.returncode == 3
+    out = json.loads(proc.stdout)
+    assert out["best"] is None and out["top"] == []
+    assert "no config fits in 80 GiB: the smallest peak found is" in proc.stderr
+
+
+def test_cli_search_bad_input_exits_2():
+    proc = _cli("search", "--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices", "16",
+                "--global-batch-size", "64", "--fix", "recompute=sometimes")
+    assert proc.returncode == 2 and "fix.recompute" in proc.stderr and "Traceback" not in proc.stderr
