@@ -1,0 +1,102 @@
+"""Search engines on the issue's three cases: space size, exhaustive time, and samplers' trials to 99 %.
+
+For Pangu Ultra MoE 718B on 6,144 ascend-910b (global batch 7680), DeepSeek-V3 671B on 2,048
+nvidia-h100-80gb (15360) and Llama-3 405B on 16,384 nvidia-h100-80gb (2048): the exhaustive engine's
+wall time and optimum, then for tpe, random and nsga2 the trials and wall time until the best feasible
+config found reaches 99 % of that optimum (median over 5 seeds; ``>N`` when a seed never got there
+within the budget). One thread. Run from the repository root:
+
+    .venv/bin/python benchmarks/search.py [--seeds 5] [--budget 500] [--cases pangu,dsv3,llama]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import optuna  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+import hardware_profiles  # noqa: E402
+import model_presets  # noqa: E402
+from search import SearchRequest, run_search  # noqa: E402
+
+CASES = {
+    "pangu": ("pangu-ultra-moe-718b", "ascend-910b", 6144, 7680),
+    "dsv3": ("deepseek-v3-671b", "nvidia-h100-80gb", 2048, 15360),
+    "llama": ("llama3-405b", "nvidia-h100-80gb", 16384, 2048),
+}
+SAMPLERS = ("tpe", "random", "nsga2")
+
+
+def trials_to_target(history: list[dict], target: float) -> int | None:
+    best = 0.0
+    for i, h in enumerate(history, start=1):
+        if h["feasible"] and h["tokens_per_s"] is not None:
+            best = max(best, h["tokens_per_s"])
+        if best >= target:
+            return i
+    return None
+
+
+def run_case(name: str, seeds: int, budget: int) -> list[list[str]]:
+    model, cluster, devices, gbs = CASES[name]
+    base = dict(spec=model_presets.load(model), profile=hardware_profiles.load(cluster), devices=devices,
+                global_batch_size=gbs)
+    exact = run_search(SearchRequest(**base, sampler="exhaustive", top_k=1))
+    optimum = exact["best"]["evaluation"]["tokens_per_s"]
+    rows = [[name, f"{exact['space_size']:,}", "exhaustive", f"{exact['space_size']:,} configs",
+             f"{exact['search_time_s']:.1f} s", f"{optimum:,.0f}", "—"]]
+    for sampler in SAMPLERS:
+        needed, seconds, reached = [], [], []
+        for seed in range(seeds):
+            marks: list[tuple[int, float]] = []
+            t0 = time.perf_counter()
+            res = run_search(SearchRequest(**base, sampler=sampler, n_trials=budget, top_k=1, seed=seed),
+                             progress=lambda done, total: marks.append((done, time.perf_counter() - t0)))
+            n = trials_to_target(res["history"], 0.99 * optimum)
+            best = res["best"]["evaluation"]["tokens_per_s"] if res["best"] else 0.0
+            reached.append(best / optimum)
+            if n is None:
+                needed.append(budget + 1)
+                seconds.append(float("inf"))
+            else:
+                needed.append(n)
+                seconds.append(next(t for done, t in marks if done >= n))
+        med_n, med_t = statistics.median(needed), statistics.median(seconds)
+        rows.append([name, "", sampler, f">{budget}" if med_n > budget else f"{med_n:.0f} trials",
+                     "—" if med_t == float("inf") else f"{med_t:.1f} s", "",
+                     f"{min(reached):.4f} / {statistics.median(reached):.4f}"])
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--budget", type=int, default=500, help="trials per sampler run")
+    ap.add_argument("--cases", default="pangu,dsv3,llama")
+    args = ap.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    table = Table(title=f"search engines (median of {args.seeds} seeds, budget {args.budget} trials, one thread)")
+    for col in ("case", "space size", "engine", "to reach 99 % of optimum", "wall time", "optimum tokens/s",
+                "best/optimum at budget (min / median)"):
+        table.add_column(col, justify="left" if col in ("case", "engine") else "right")
+    for name in args.cases.split(","):
+        for row in run_case(name, args.seeds, args.budget):
+            table.add_row(*row)
+    Console(width=200).print(table)
+
+
+if __name__ == "__main__":
+    main()
