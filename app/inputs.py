@@ -66,6 +66,8 @@ def read_mapping(text_or_path: str, field: str) -> dict:
 
 
 def load_model(model: str | dict, seq_length: int | None = None) -> ModelSpec:
+    if isinstance(model, str) and model.lstrip().startswith("{"):
+        model = read_mapping(model, "model")  # inline JSON spec
     try:
         data = model_presets.spec_data(model)
     except model_presets.PresetNotFound as exc:
