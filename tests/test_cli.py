@@ -83,7 +83,7 @@ def test_bad_devices_and_model_values():
     assert run(*EVAL[:-1], "0", "--config", '{"global_batch_size": 8}').returncode == 2
     proc = run("evaluate", "--model", '{"base": "tiny-dense", "hidden_size": -1}', "--cluster",
                "nvidia-h100-80gb", "--devices", "8", "--config", '{"global_batch_size": 8}')
-    assert proc.returncode == 2
+    assert proc.returncode == 2 and proc.stderr.startswith("error: model.hidden_size")
 
 
 def test_validate_rejects_bad_files(tmp_path):
