@@ -5,8 +5,10 @@ the searches call) on batches of 1, 1,000 and 100,000 random configs, for a MoE 
 (``pangu-ultra-moe-718b`` on ``ascend-910b``, 6144 devices, global batch 7680) and a dense one
 (``llama3-405b`` on ``nvidia-h100-80gb``, 16384 devices, global batch 2048). Configs are a realistic
 random mix (tp 1/2/4/8, pp among the device count's divisors up to 16, vpp 1-4, cp 1/2, ep for MoE,
-mbs 1-4, recompute none/selective/full, random flags and imbalance) built directly as numpy columns of
-a :class:`costmodel.ConfigBatch`, without pydantic; that build time is reported separately.
+mbs 1-4, recompute none / selective (a few module sets) / full with or without recompute_num_layers,
+random flags; the MoE load imbalance is the default, as it is an input of a search, not a searched
+column) built directly as numpy columns of a :class:`costmodel.ConfigBatch`, without pydantic; that
+build time is reported separately.
 Each cell is the median of several repeats within one run; BLAS/OpenMP are pinned to one thread.
 
 Run from the repository root:
@@ -55,15 +57,13 @@ def random_batch(rng: np.random.Generator, n: int, spec, devices: int, gbs: int)
     pp = ints(pp_choices)
     vpp = np.where(pp > 1, ints([1, 2, 3, 4]), 1)
     cp = ints([1, 1, 1, 2])
-    if spec.is_moe:
-        ep = ints([e for e in (1, 2, 4, 8, 16, 32, 64) if spec.num_experts % e == 0])
-        imbalance = np.where(flag(0.5), DEFAULT_MOE_LOAD_IMBALANCE, 1.0 + rng.random(n))
-    else:
-        ep = np.ones(n, np.int64)
-        imbalance = np.full(n, DEFAULT_MOE_LOAD_IMBALANCE)
+    ep = (ints([e for e in (1, 2, 4, 8, 16, 32, 64) if spec.num_experts % e == 0]) if spec.is_moe
+          else np.ones(n, np.int64))
     recompute = ints([0, 1, 2])
-    modules = rng.integers(1, 1 << len(MODULE_BITS), n, dtype=np.int64)
-    modules = np.where(flag(0.5), MODULE_BITS["core_attn"], modules)
+    # Selective recompute: Megatron's default (core_attn) or one of a few common module sets.
+    module_sets = [("core_attn",), ("core_attn",), ("core_attn", "layernorm"), ("core_attn", "mlp"),
+                   ("moe_act",), ("mla_up_proj", "core_attn"), ("layernorm", "moe_act", "shared_experts")]
+    modules = ints([sum(MODULE_BITS[m] for m in ms) for ms in module_sets])
     rnl = np.where(flag(0.7), NO_VALUE, rng.integers(1, 9, n, dtype=np.int64))
     no = np.full(n, NO_VALUE, np.int64)
     return ConfigBatch(
@@ -74,7 +74,8 @@ def random_batch(rng: np.random.Generator, n: int, spec, devices: int, gbs: int)
         overlap_grad_reduce=flag(0.8), overlap_param_gather=flag(0.8), first_stage_layers=no.copy(),
         last_stage_layers=no.copy(), account_for_embedding=flag(0.2), account_for_loss=flag(0.2),
         layout_id=no.copy(), precision=np.zeros(n, np.int64), moe_a2a_overlap=flag() & spec.is_moe,
-        moe_load_imbalance=imbalance, layouts=[])
+        # The imbalance is an input of a search (--moe-load-imbalance), not a searched column.
+        moe_load_imbalance=np.full(n, DEFAULT_MOE_LOAD_IMBALANCE), layouts=[])
 
 
 def median_time(fn, repeats: int, min_total_s: float = 0.2) -> float:

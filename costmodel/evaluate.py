@@ -12,7 +12,7 @@ one of these terms, so they add up to the step time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 import numpy as np
 
@@ -89,20 +89,64 @@ def _shapes(spec: ModelSpec, b: ConfigBatch, dp: np.ndarray) -> memory.Shapes:
                          gemm_input_bytes=np.where(b.precision == 1, 1.0, memory.BF16))
 
 
-def _recomputed_layers_total(spec: ModelSpec, b: ConfigBatch, st: pipeline.StageSet,
+def _recomputed_layers_total(spec: ModelSpec, b: ConfigBatch, split_index: np.ndarray,
                              all_comp: list[np.ndarray]) -> np.ndarray:
     """Decoder layers fully recomputed in the whole model: ``recompute_num_layers`` per stage."""
     total = np.zeros(len(b))
     full = b.recompute == 2
     if not full.any():
         return total
-    keys = np.stack([st.split_index, b.recompute_num_layers], axis=1)
-    uniq, inv = np.unique(keys[full], axis=0, return_inverse=True)
-    per_stage_layers = [c[:, pipeline.DENSE] + c[:, pipeline.MOE] for c in all_comp]
-    values = np.array([np.minimum(per_stage_layers[s], n if n != NO_VALUE else 1 << 30).sum()
-                       for s, n in uniq.tolist()])
-    total[full] = values[inv.reshape(-1)]
+    uniq, inv = pipeline.unique_rows([split_index[full], b.recompute_num_layers[full]])
+    # Decoder layers of every stage of the splits present, zero-padded to the deepest pipeline.
+    used, row = np.unique(uniq[:, 0], return_inverse=True)
+    comps = [all_comp[s] for s in used.tolist()]
+    per_stage_layers = np.zeros((len(comps), max(len(c) for c in comps)), dtype=np.int64)
+    in_split = np.zeros_like(per_stage_layers)
+    for i, c in enumerate(comps):
+        per_stage_layers[i, :len(c)] = c[:, pipeline.DENSE] + c[:, pipeline.MOE]
+        in_split[i, :len(c)] = 1
+    n = uniq[:, 1]
+    cap = np.where(n != NO_VALUE, n, 1 << 30)[:, None]
+    values = (np.minimum(per_stage_layers[row], cap) * in_split[row]).sum(axis=1)
+    total[full] = values[inv]
     return total
+
+
+def _stage_columns(st: pipeline.StageSet, split_index: np.ndarray, k: int) -> list[np.ndarray]:
+    """The five composition columns of the first k candidate stages as float64 arrays of shape (k, N)."""
+    table = st.split_comp_table[:, :k].transpose(2, 1, 0).astype(np.float64)  # (5, k, splits)
+    return [np.take(table[i], split_index, axis=1) for i in range(5)]
+
+
+def _first_argmax(x: np.ndarray) -> np.ndarray:
+    """``np.argmax(x, axis=0)`` for a short first axis (K, N): K passes over rows instead of N short scans."""
+    top = x.max(axis=0)
+    if np.isnan(top).any():  # argmax reports the first NaN
+        return np.argmax(x, axis=0)
+    idx = np.full(x.shape[1], x.shape[0] - 1, dtype=np.intp)
+    for k in range(x.shape[0] - 2, -1, -1):
+        idx[x[k] == top] = k
+    return idx
+
+
+def _at(x: np.ndarray, flat_idx: np.ndarray) -> np.ndarray:
+    """Entry ``idx[i]`` of column i of a (K, N) array (or of a (1, N) row broadcast to it), where
+    ``flat_idx = idx * N + arange(N)``."""
+    n = len(flat_idx)
+    if x.shape[0] == 1:
+        return np.broadcast_to(x, (1, n))[0].copy()
+    return x.reshape(-1).take(flat_idx)
+
+
+def _all_finite(*arrays) -> bool:
+    return all(np.isfinite(a).all() for a in arrays)
+
+
+# Large batches are scored in groups of configs with the same number of distinct stages (so that
+# per-stage arrays are not padded to the batch's deepest split), in chunks small enough to stay in
+# cache. Every config's numbers are computed element-wise, so grouping does not change them.
+GROUP_MIN_CONFIGS = 4096
+CHUNK_CONFIGS = 16384
 
 
 def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: ConfigBatch,
@@ -118,34 +162,241 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     broken["pipeline_split"] = ~st.valid
     valid = ~np.logical_or.reduce(list(broken.values()))
 
+    scored = _score_in_groups(spec, hw, devices, b, st)
+    feasible = valid & (scored["peak_bytes"] <= hw.memory_bytes)
+    return BatchResult(valid=valid, feasible=feasible, broken=broken, rules=rules, stages=st, **scored,
+                       stage_rank=st.rank, capacity_bytes=hw.memory_bytes, pp=b.pp, vpp=b.vpp)
+
+
+def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch,
+                     st: pipeline.StageSet) -> dict:
+    n, K = len(st.split_index), st.split_comp_table.shape[1]
+    if n < GROUP_MIN_CONFIGS:
+        return _score(spec, hw, devices, b, st, st.split_index, K)
+    counts = st.split_stage_count[st.split_index]
+    # Layer costs depend on few columns: score each distinct combination of their inputs once.
     dp = np.maximum(devices // (b.tp * b.pp * b.cp), 1)
-    m = np.maximum(b.global_batch_size / (b.micro_batch_size * dp), 1.0)
-    shapes = _shapes(spec, b, dp)
+    ctx, head_weights = _layer_inputs(spec, hw, b, _shapes(spec, b, dp))
+    distinct = _distinct_layer_inputs(b, ctx, head_weights)
+    if distinct is not None:
+        member, inverse = distinct
+        costs = _CostTable(_layer_costs(spec, _take_fields(ctx, member, n, {}), head_weights[member]))
+    full_layers = _recomputed_layers_total(spec, b, st.split_index, st.split_comps)
+    out: dict = {}
+    for k in np.flatnonzero(np.bincount(counts)).tolist():
+        members = np.flatnonzero(counts == k)  # in batch order: gathers and scatters stream
+        for start in range(0, len(members), CHUNK_CONFIGS):
+            idx = members[start:start + CHUNK_CONFIGS]
+            part = _score(spec, hw, devices, b.take(idx), st, st.split_index[idx], k,
+                          None if distinct is None else costs.take(inverse[idx]), full_layers[idx])
+            part.update({"time." + key: v for key, v in part.pop("time").items()})
+            if not out:  # the outputs as rows of a few large blocks: fewer, larger page faults
+                out = _output_rows(part, n, K)
+            for key, v in part.items():
+                if v.ndim == 2:  # per stage, (N, k) views of (k, N) rows: pad as the stage sets do
+                    for j in range(K):
+                        out[key][j, idx] = v[:, min(j, k - 1)]
+                    continue
+                out[key][idx] = v
+    out = {key: v.T if v.ndim == 2 else v for key, v in out.items()}
+    out["time"] = {key: out.pop("time." + key) for key in TIME_KEYS}
+    return out
+
+
+def _output_rows(part: dict, n: int, K: int) -> dict:
+    """Empty outputs shaped like ``part``'s for ``n`` configs and ``K`` stages, as rows of one block
+    per dtype and rank."""
+    groups: dict = {}
+    for key, v in part.items():
+        groups.setdefault((v.dtype, v.ndim), []).append(key)
+    out = {}
+    for (dtype, ndim), keys in groups.items():
+        block = np.empty((len(keys), K, n) if ndim == 2 else (len(keys), n), dtype=dtype)
+        out.update(zip(keys, block))
+    return out
+
+
+class _CostTable:
+    """Layer costs of distinct configs, stacked so that expanding them to a chunk is one gather."""
+
+    def __init__(self, costs):
+        self.costs = costs
+        self.arrays: dict[int, np.ndarray] = {}  # id -> array, shared arrays once
+        n = len(costs[0].fwd_s)
+        for c in costs:
+            for f in fields(c):
+                v = getattr(c, f.name)
+                if isinstance(v, np.ndarray) and v.shape == (n,):
+                    self.arrays.setdefault(id(v), v)
+        by_dtype: dict = {}
+        for key, v in self.arrays.items():
+            by_dtype.setdefault(v.dtype, []).append(key)
+        self.tables = [(keys, np.stack([self.arrays[key] for key in keys])) for keys in by_dtype.values()]
+
+    def take(self, idx: np.ndarray) -> list[layers.Cost]:
+        rows = {}
+        for keys, table in self.tables:
+            taken = table.take(idx, axis=1)
+            rows.update(zip(keys, taken))
+        return [replace(c, **{f.name: rows[id(getattr(c, f.name))] for f in fields(c)
+                              if id(getattr(c, f.name)) in rows}) for c in self.costs]
+
+
+def _layer_inputs(spec: ModelSpec, hw: Hardware, b: ConfigBatch,
+                  shapes: memory.Shapes) -> tuple[layers.Context, np.ndarray]:
+    """What the layer costs read per config: the blocks' context and the output head's weight copies.
+    (Large batches score each distinct combination once: see ``_distinct_layer_inputs``.)"""
     ctx = layers.Context(spec=spec, hw=hw, shapes=shapes, fp8=b.precision == 1, sp=b.sequence_parallel,
                          imbalance=b.moe_load_imbalance, modules=shapes.modules)
+    holds_head = spec.untie_embeddings_and_output_weights or b.pp > 1
+    # The last stage also keeps a copy of the embedding when MTP needs it there (pp > 1).
+    head_weights = holds_head + ((b.pp > 1) & (spec.mtp_num_layers > 0))
+    return ctx, head_weights
+
+
+def _layer_costs(spec: ModelSpec, ctx: layers.Context, head_weights: np.ndarray) -> tuple[layers.Cost, ...]:
+    """Dense, MoE and MTP layers, embedding and output head of every config of ``ctx``."""
     dense = layers.dense_layer(ctx)
     moe = layers.moe_layer(ctx) if spec.is_moe else dense
     last_layer = moe if spec.moe_layer_pattern()[-1] else dense
     mtp = last_layer + layers.mtp_extra(ctx)
     emb = layers.embedding(ctx)
-    holds_head = spec.untie_embeddings_and_output_weights or b.pp > 1
-    # The last stage also keeps a copy of the embedding when MTP needs it there (pp > 1).
-    head_weights = holds_head + ((b.pp > 1) & (spec.mtp_num_layers > 0))
     head = layers.output_head(ctx, head_weights)
+    return dense, moe, mtp, emb, head
 
-    comp = st.comp
-    n_dense, n_moe, n_emb, n_head, n_mtp = (comp[..., i].astype(np.float64) for i in range(5))
-    col = lambda x: np.asarray(x, dtype=np.float64)[:, None]  # noqa: E731  (N,) -> (N, 1)
+
+def _per_config_arrays(obj, n: int) -> list[np.ndarray]:
+    """The (n,) arrays among the fields of dataclass ``obj``, nested dataclasses included."""
+    found = []
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if is_dataclass(v) and not isinstance(v, type):
+            found += _per_config_arrays(v, n)
+        elif isinstance(v, np.ndarray) and v.shape == (n,):
+            found.append(v)
+    return found
+
+
+def _take_fields(obj, idx: np.ndarray, n: int, taken: dict):
+    """A copy of dataclass ``obj`` with every (n,) array field (nested ones too) indexed by ``idx``.
+    ``taken`` (id -> array) keeps arrays shared between fields shared."""
+    changes = {}
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if is_dataclass(v) and not isinstance(v, type):
+            changes[f.name] = _take_fields(v, idx, n, taken)
+        elif isinstance(v, np.ndarray) and v.shape == (n,):
+            if id(v) not in taken:
+                taken[id(v)] = v[idx]
+            changes[f.name] = taken[id(v)]
+    return replace(obj, **changes)
+
+
+def _distinct_layer_inputs(b: ConfigBatch, ctx: layers.Context,
+                           head_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """One config per distinct combination of layer inputs and every config's combination, or None
+    when most configs are distinct. Configs are grouped on the integer inputs (tp, cp, ep, etp,
+    modules, flags, head copies) and the batch columns the float inputs derive from (micro-batch
+    size, precision, imbalance); every float input is then checked bit for bit, so a grouping that
+    misses an input is never used."""
+    n = len(b)
+    arrays = list({id(a): a for a in _per_config_arrays(ctx, n) + [np.asarray(head_weights)]}.values())
+    imbalance = b.moe_load_imbalance
+    if (imbalance != imbalance[0]).any():
+        imbalance = np.unique(imbalance, return_inverse=True)[1]
+    key = [a for a in arrays if a.dtype.kind in "biu"] + [b.micro_batch_size, b.precision]
+    if not np.shares_memory(imbalance, b.moe_load_imbalance):
+        key.append(imbalance)
+    limit = max(4 * n, 1 << 16)
+    columns = []
+    for c in key:
+        c = c.astype(np.int64, copy=False)
+        lo, hi = int(c.min()), int(c.max())
+        if hi > lo:
+            columns.append((c, lo, hi - lo + 1))
+    rank = np.prod([float(span) for _, _, span in columns]) > limit
+    code = np.zeros(n, dtype=np.int64)
+    total = 1
+    for c, lo, span in columns:
+        if rank and span > 2:  # the rank of each value among those present
+            if span < 4 * n:
+                present = np.zeros(span, dtype=bool)
+                present[c - lo] = True
+                ranks = np.cumsum(present) - 1
+                c, span, lo = ranks[c - lo], int(ranks[-1]) + 1, 0
+            else:
+                uniq, c = np.unique(c, return_inverse=True)
+                span, lo = len(uniq), 0
+        total *= span
+        if total > limit:
+            return None
+        code *= span
+        code += c
+        if lo:
+            code -= lo
+    present = np.zeros(total, dtype=bool)
+    present[code] = True
+    groups = np.flatnonzero(present)
+    if len(groups) > n // 2:
+        return None
+    lookup = np.empty(total, dtype=np.intp)
+    lookup[groups] = np.arange(len(groups))
+    inverse = lookup[code]
+    member = np.empty(len(groups), dtype=np.intp)
+    member[inverse] = np.arange(n)  # any member stands for its group
+    for a in arrays:
+        if a.dtype.kind not in "biu":
+            bits = a.view(np.int64) if a.dtype.itemsize == 8 else a
+            if not np.array_equal(bits[member][inverse], bits):
+                return None
+    return member, inverse
+
+
+def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
+           split_index: np.ndarray, k: int, costs=None, full_layers=None) -> dict:
+    """Times, throughput and memory of configs ``b`` (no validity): their splits are ``split_index``
+    into the stage sets ``st``, whose first ``k`` candidate stages are scored. ``costs``: the layer
+    costs of ``b`` and ``full_layers`` its recomputed layers, if already known."""
+    dp = np.maximum(devices // (b.tp * b.pp * b.cp), 1)
+    m = np.maximum(b.global_batch_size / (b.micro_batch_size * dp), 1.0)
+    shapes = _shapes(spec, b, dp)
+    if costs is None:
+        costs = _layer_costs(spec, *_layer_inputs(spec, hw, b, shapes))
+    dense, moe, mtp, emb, head = costs
+
+    # Per-stage arrays are (K, N): candidate stages along the first axis, configs along the second,
+    # so that per-config rows (1, N) broadcast along contiguous memory and reductions over stages are
+    # K row operations.
+    n_dense, n_moe, n_emb, n_head, n_mtp = _stage_columns(st, split_index, k)
+    K, N = n_dense.shape
+    col = lambda x: np.asarray(x, dtype=np.float64)[None, :]  # noqa: E731  (N,) -> (1, N)
     decoder = n_dense + n_moe
     sel = col(b.recompute == 1)
     full = b.recompute == 2
     rnl = np.where(b.recompute_num_layers == NO_VALUE, 1 << 30, b.recompute_num_layers)
-    full_frac = np.where(col(full) > 0, np.minimum(decoder, col(rnl)) / np.maximum(decoder, 1), 0.0)
+    # The fraction is finite and non-negative, so multiplying by the 0/1 mask equals np.where(full, ., 0).
+    full_frac = (np.minimum(decoder, col(rnl)) / np.maximum(decoder, 1) * col(full) if full.any()
+                 else np.zeros((1, N)))
     tp_ov = col(np.where(b.tp_comm_overlap, hw.tp_overlap, 0.0))
     ep_ov = col(np.where(b.moe_a2a_overlap, hw.ep_overlap, 0.0))
+    layer_input = col(memory.full_recompute_layer_bytes(spec, shapes))
 
-    units = [(dense, n_dense, full_frac), (moe, n_moe if spec.is_moe else 0 * n_moe, full_frac),
-             (mtp, n_mtp, 0 * full_frac)]
+    def recompute_terms(frac):
+        # sel and frac are never both non-zero (selective vs full), so frac + sel is
+        # np.where(sel > 0, 1.0, frac): the passes are forward, backward and recompute.
+        passes = 2.0 + (frac + sel)
+        return frac, passes * hw.layer_overhead_s, 1 + frac, 1 - frac, frac * layer_input, frac > 0
+
+    layer_terms = recompute_terms(full_frac)
+    units = [(dense, n_dense, layer_terms)]
+    # A dense model's MoE unit is its dense layer counted zero times: it adds exact zeros when finite.
+    if spec.is_moe or not _all_finite(
+            dense.fwd_s + dense.bwd_s + dense.selective_s + dense.tp_fwd_s + dense.gemm_fwd_s + dense.tp_bwd_s
+            + dense.gemm_bwd_s + dense.cp_fwd_s + dense.cp_bwd_s + dense.selective_cp_s + dense.ep_fwd_s
+            + dense.ep_bwd_s + dense.selective_ep_s + dense.act_bytes + dense.transient_bytes
+            + dense.dense_params + dense.expert_params):
+        units.append((moe, n_moe if spec.is_moe else 0 * n_moe, layer_terms))
+    units.append((mtp, n_mtp, recompute_terms(np.zeros((1, N)))))
     compute = n_emb * col(emb.fwd_s + emb.bwd_s) + n_head * col(head.fwd_s + head.bwd_s)
     tp_t = n_emb * col(emb.tp_fwd_s) + n_head * (comm.exposed_s(col(head.tp_fwd_s), col(head.gemm_fwd_s), tp_ov)
                                                  + comm.exposed_s(col(head.tp_bwd_s), col(head.gemm_bwd_s), tp_ov))
@@ -157,21 +408,23 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     dense_params = n_emb * col(emb.dense_params) + n_head * col(head.dense_params)
     expert_params = np.zeros_like(compute)
     transient = np.zeros_like(compute)
-    for c, n, frac in units:
-        passes = 2.0 + np.where(sel > 0, 1.0, frac)  # forward, backward, recompute
+    for c, n, (frac, passes_overhead, one_plus_frac, one_minus_frac, frac_layer_input, frac_pos) in units:
         compute += n * (col(c.fwd_s + c.bwd_s) + sel * col(c.selective_s) + frac * col(c.fwd_s)
-                        + passes * hw.layer_overhead_s)
+                        + passes_overhead)
         tp_fwd = comm.exposed_s(col(c.tp_fwd_s), col(c.gemm_fwd_s), tp_ov)
-        tp_t += n * (tp_fwd * (1 + frac) + comm.exposed_s(col(c.tp_bwd_s), col(c.gemm_bwd_s), tp_ov))
-        cp_t += n * (col(c.cp_fwd_s + c.cp_bwd_s) + sel * col(c.selective_cp_s) + frac * col(c.cp_fwd_s))
-        ep_raw = col(c.ep_fwd_s + c.ep_bwd_s) + sel * col(c.selective_ep_s) + frac * col(c.ep_fwd_s)
-        ep_t += n * comm.exposed_s(ep_raw, col(c.fwd_s + c.bwd_s), ep_ov)
+        tp_t += n * (tp_fwd * one_plus_frac + comm.exposed_s(col(c.tp_bwd_s), col(c.gemm_bwd_s), tp_ov))
+        # Units without CP or EP traffic add exact zeros (frac is finite): skip them.
+        if c.cp_fwd_s.any() or c.cp_bwd_s.any() or c.selective_cp_s.any():
+            cp_t += n * (col(c.cp_fwd_s + c.cp_bwd_s) + sel * col(c.selective_cp_s) + frac * col(c.cp_fwd_s))
+        window = c.fwd_s + c.bwd_s
+        if c.ep_fwd_s.any() or c.ep_bwd_s.any() or c.selective_ep_s.any() or np.isnan(window).any():
+            ep_raw = col(c.ep_fwd_s + c.ep_bwd_s) + sel * col(c.selective_ep_s) + frac * col(c.ep_fwd_s)
+            ep_t += n * comm.exposed_s(ep_raw, col(window), ep_ov)
         fwd_window += n * col(c.fwd_s)
         bwd_window += n * col(c.bwd_s)
-        layer_input = col(memory.full_recompute_layer_bytes(spec, shapes))
-        act += n * (col(c.act_bytes) * (1 - frac) + frac * layer_input)
+        act += n * (col(c.act_bytes) * one_minus_frac + frac_layer_input)
         # while a checkpointed layer is recomputed, its activations beyond the kept input are alive
-        rebuilt = (frac > 0) * (col(c.act_bytes) - layer_input)
+        rebuilt = frac_pos * (col(c.act_bytes) - layer_input)
         transient = np.maximum(transient, (n > 0) * (col(c.transient_bytes) + rebuilt))
         dense_params += n * col(c.dense_params)
         expert_params += n * col(c.expert_params)
@@ -181,8 +434,8 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     p2p = col(np.where(b.pp > 1, 2 * b.vpp * comm.p2p_s(memory.BF16 * shapes.tokens_sp * spec.hidden_size,
                                                           p2p_stride, hw), 0.0))
     stage_mb = compute + tp_t + cp_t + ep_t + p2p
-    crit = np.argmax(stage_mb, axis=1)
-    pick = lambda x: np.take_along_axis(np.broadcast_to(x, stage_mb.shape), crit[:, None], axis=1)[:, 0]  # noqa: E731
+    crit = _first_argmax(stage_mb)
+    pick = lambda x, flat=crit * N + np.arange(N): _at(x, flat)  # noqa: E731
     t_stage = pick(stage_mb)
     bubble = pipeline.bubble_s(b.pp, b.vpp, t_stage)
 
@@ -191,20 +444,32 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     # backward and the first one's forward where overlap is on.
     edp = np.maximum(b.tp * b.cp * dp // (b.ep * b.etp), 1)
     dist = col(b.distributed_optimizer)
-    dense_grp = (col(b.tp), col(dp_cp))
-    exp_grp = (col(b.etp * b.ep), col(edp))
+    # Integer strides: the domain arithmetic divides by them (float floor division is slow).
+    dense_grp = (b.tp[None, :], col(dp_cp))
+    exp_grp = ((b.etp * b.ep)[None, :], col(edp))
     grad_rs = (comm.reduce_scatter_s(memory.GRAD_BYTES * dense_params, *dense_grp, hw)
                + comm.reduce_scatter_s(memory.GRAD_BYTES * expert_params, *exp_grp, hw))
     param_ag = (comm.all_gather_s(memory.WEIGHT_BYTES * dense_params, *dense_grp, hw)
                 + comm.all_gather_s(memory.WEIGHT_BYTES * expert_params, *exp_grp, hw))
-    grad_sync = np.where(dist > 0, grad_rs, 2.0 * grad_rs)  # all-reduce without the distributed optimizer
-    param_sync = np.where(dist > 0, param_ag, 0.0)
+    # Per-config selections as products with 0/1 and 1/2 rows (exact for finite values; np.where
+    # otherwise): all-reduce without the distributed optimizer, no parameter all-gather.
+    grad_sync = grad_rs * col(np.where(b.distributed_optimizer, 1.0, 2.0))
+    param_sync = param_ag * dist if _all_finite(param_ag) else np.where(dist > 0, param_ag, 0.0)
     dp_ov = hw.dp_overlap
-    grad_exposed = np.where(col(b.overlap_grad_reduce), comm.exposed_s(grad_sync, bwd_window, dp_ov), grad_sync)
-    param_exposed = np.where(col(b.overlap_param_gather), comm.exposed_s(param_sync, fwd_window, dp_ov), param_sync)
-    dp_exposed = (grad_exposed + param_exposed).max(axis=1)
-    local_params = np.where(dist > 0, dense_params / col(dp_cp) + expert_params / col(edp), dense_params + expert_params)
-    optimizer = (ADAM_BYTES_PER_PARAM * local_params / hw.hbm_bytes_per_s).max(axis=1)
+
+    def overlapped(sync, window, on):
+        # exposed_s with no window and no overlap is the communication itself.
+        if _all_finite(window):
+            return comm.exposed_s(sync, window * col(on), col(np.where(on, dp_ov, 0.0)))
+        return np.where(col(on), comm.exposed_s(sync, window, dp_ov), sync)
+
+    grad_exposed = overlapped(grad_sync, bwd_window, b.overlap_grad_reduce)
+    param_exposed = overlapped(param_sync, fwd_window, b.overlap_param_gather)
+    dp_exposed = (grad_exposed + param_exposed).max(axis=0)
+    # x / 1 is x: dividing by the shard only with the distributed optimizer is the np.where of both.
+    local_params = (dense_params / col(np.where(b.distributed_optimizer, dp_cp, 1))
+                    + expert_params / col(np.where(b.distributed_optimizer, edp, 1)))
+    optimizer = (ADAM_BYTES_PER_PARAM * local_params / hw.hbm_bytes_per_s).max(axis=0)
 
     step = m * t_stage + bubble + dp_exposed + optimizer
     time = {"compute_s": m * pick(compute), "tp_comm_s": m * pick(tp_t), "cp_comm_s": m * pick(cp_t),
@@ -214,12 +479,14 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     # Memory of each stage at its peak: model states, activations of the micro-batches in flight,
     # the output layer's logits (one micro-batch), transient buffers and the framework's share.
     params_b, grads_b, opt_b = memory.model_state_bytes(dense_params, expert_params, col(dp_cp), col(edp), dist)
-    in_flight = pipeline.microbatches_in_flight(b.pp, b.vpp, m, st.rank)
+    rank = np.take(np.ascontiguousarray(st.split_rank_table[:, :k].T), split_index, axis=1)
+    # (1, N) rows against (K, N) ranks: the function's [:, None] makes them (1, 1, N).
+    in_flight = pipeline.microbatches_in_flight(b.pp[None, :], b.vpp[None, :], m[None, :], rank)[0]
     fixed = n_head * col(head.act_bytes) * (1 + spec.mtp_num_layers) + transient
     activations = act * in_flight + fixed
     stage_peak = params_b + grads_b + opt_b + activations + hw.framework_overhead_bytes
-    peak_idx = np.argmax(stage_peak, axis=1)
-    at_peak = lambda x: np.take_along_axis(x, peak_idx[:, None], axis=1)[:, 0]  # noqa: E731
+    peak_idx = _first_argmax(stage_peak)
+    at_peak = lambda x, flat=peak_idx * N + np.arange(N): _at(x, flat)  # noqa: E731
     peak = at_peak(stage_peak)
 
     tokens_per_step = b.global_batch_size * spec.seq_length
@@ -231,20 +498,18 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     layer_sel_flops = ((spec.num_layers - n_moe_layers) * dense.selective_flops
                        + n_moe_layers * moe.selective_flops)
     per_device_group = m * b.tp * b.cp * dp  # devices holding a layer × micro-batches
-    full_layers = _recomputed_layers_total(spec, b, st, st.split_comps)
+    if full_layers is None:
+        full_layers = _recomputed_layers_total(spec, b, split_index, st.split_comps)
     recompute_flops = per_device_group * (np.where(b.recompute == 1, layer_sel_flops, 0.0)
                                           + full_layers / spec.num_layers * layer_flops)
     hfu = (flops_token * tokens_per_step + recompute_flops) / (step * devices * hw.peak_bf16_flops)
 
-    feasible = valid & (peak <= hw.memory_bytes)
-    return BatchResult(
-        valid=valid, feasible=feasible, broken=broken, rules=rules, stages=st, step_time_s=step,
-        tokens_per_s=tokens_per_s, tokens_per_s_per_device=tokens_per_s / devices,
+    return dict(
+        step_time_s=step, tokens_per_s=tokens_per_s, tokens_per_s_per_device=tokens_per_s / devices,
         model_tflops_per_device=model_flops_per_device / 1e12,
         mfu=model_flops_per_device / hw.peak_bf16_flops, hfu=hfu, time=time,
-        peak_bytes=peak, peak_rank=np.take_along_axis(st.rank, peak_idx[:, None], axis=1)[:, 0],
+        peak_bytes=peak, peak_rank=at_peak(rank),
         params_bytes=at_peak(params_b), grads_bytes=at_peak(grads_b), optimizer_bytes=at_peak(opt_b),
-        activations_bytes=at_peak(activations), stage_peak_bytes=stage_peak, stage_rank=st.rank,
-        capacity_bytes=hw.memory_bytes, stage_states_bytes=params_b + grads_b + opt_b,
-        stage_act_microbatch_bytes=act, stage_fixed_bytes=fixed + hw.framework_overhead_bytes,
-        microbatches=m, pp=b.pp, vpp=b.vpp)
+        activations_bytes=at_peak(activations), stage_peak_bytes=stage_peak.T,
+        stage_states_bytes=(params_b + grads_b + opt_b).T, stage_act_microbatch_bytes=act.T,
+        stage_fixed_bytes=(fixed + hw.framework_overhead_bytes).T, microbatches=m)

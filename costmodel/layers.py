@@ -236,12 +236,21 @@ def moe_block(ctx: Context) -> Cost:
         expert_params=local_experts * mlp_params(h, f, spec.swiglu) / s.etp + z)
 
 
+def _shared_attention_block(ctx: Context) -> Cost:
+    """``attention_block(ctx)``, computed once per context: dense and MoE layers share it (never
+    modified in place, as every Cost operation returns new arrays)."""
+    cost = ctx.__dict__.get("_attention_block")
+    if cost is None:
+        cost = ctx.__dict__["_attention_block"] = attention_block(ctx)
+    return cost
+
+
 def dense_layer(ctx: Context) -> Cost:
-    return attention_block(ctx) + dense_mlp_block(ctx)
+    return _shared_attention_block(ctx) + dense_mlp_block(ctx)
 
 
 def moe_layer(ctx: Context) -> Cost:
-    return attention_block(ctx) + moe_block(ctx)
+    return _shared_attention_block(ctx) + moe_block(ctx)
 
 
 def embedding(ctx: Context) -> Cost:

@@ -171,14 +171,78 @@ class StageSet:
     errors: list[str | None]  # per split
     split_index: np.ndarray  # (N,)
     split_comps: list[np.ndarray]  # per split: every stage's composition, (pp, 5)
+    # Per split (rows of split_index): compositions (S, K, 5) and ranks (S, K), so that per-stage
+    # arrays can be gathered per column without going through the (N, K, 5) array.
+    split_comp_table: np.ndarray | None = None
+    split_rank_table: np.ndarray | None = None
+    split_stage_count: np.ndarray | None = None  # (S,) stages kept before padding to K
+
+
+class _TableStageSet(StageSet):
+    """A StageSet built from its split tables: ``comp`` (N, K, 5) and ``rank`` (N, K) are gathered on
+    first use, as the batch path reads the tables and a large batch's ``comp`` is tens of MB."""
+
+    def _gathered(name, table):  # noqa: N805  (builds the two properties below)
+        def get(self):
+            value = self.__dict__.get(name)
+            if value is None:
+                value = self.__dict__[name] = getattr(self, table)[self.split_index]
+            return value
+
+        def set_(self, value):
+            self.__dict__[name] = value
+
+        return property(get, set_)
+
+    comp = _gathered("comp", "split_comp_table")
+    rank = _gathered("rank", "split_rank_table")
+    del _gathered
+
+
+def unique_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)`` for integer columns,
+    without sorting rows: each row is packed into one int64 (mixed radix, which keeps the rows'
+    lexicographic order), and small code ranges are deduplicated through a lookup table."""
+    n = len(columns[0])
+    los, spans, total = [], [], 1
+    for c in columns:
+        if n == 0:
+            break
+        lo, hi = int(c.min()), int(c.max())
+        los.append(lo)
+        spans.append(hi - lo + 1)
+        total *= hi - lo + 1
+    if n == 0 or total >= 1 << 62:
+        uniq, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+        return uniq, inverse.reshape(-1)
+    code = np.zeros(n, dtype=np.int64)
+    for c, lo, span in zip(columns, los, spans):
+        if span > 1:
+            code *= span
+            code += c
+            if lo:
+                code -= lo
+    if total <= max(4 * n, 1 << 16):
+        present = np.zeros(total, dtype=bool)
+        present[code] = True
+        uniq_codes = np.flatnonzero(present)
+        lookup = np.empty(total, dtype=np.intp)
+        lookup[uniq_codes] = np.arange(len(uniq_codes))
+        inverse = lookup[code]
+    else:
+        uniq_codes, inverse = np.unique(code, return_inverse=True)
+    digits = []
+    rest = uniq_codes.astype(np.int64)
+    for lo, span in zip(reversed(los), reversed(spans)):
+        rest, d = np.divmod(rest, span)
+        digits.append(d + lo)
+    return np.stack(digits[::-1], axis=1), inverse
 
 
 def stage_sets(spec: ModelSpec, batch: ConfigBatch, all_stages: bool = False) -> StageSet:
-    keys = np.stack([batch.pp, batch.vpp, batch.first_stage_layers, batch.last_stage_layers,
-                     batch.account_for_embedding.astype(np.int64), batch.account_for_loss.astype(np.int64),
-                     batch.layout_id], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
+    uniq, inverse = unique_rows([batch.pp, batch.vpp, batch.first_stage_layers, batch.last_stage_layers,
+                                 batch.account_for_embedding.astype(np.int64),
+                                 batch.account_for_loss.astype(np.int64), batch.layout_id])
     per_split: list[tuple[np.ndarray, np.ndarray]] = []
     split_comps: list[np.ndarray] = []
     errors: list[str | None] = []
@@ -194,8 +258,10 @@ def stage_sets(spec: ModelSpec, batch: ConfigBatch, all_stages: bool = False) ->
         split_comps.append(comp)
         ranks = np.arange(pp)
         if not all_stages:
-            _, first_idx = np.unique(comp, axis=0, return_index=True)
-            ranks = np.sort(first_idx)
+            first_rank: dict[tuple, int] = {}  # lowest rank of each distinct composition
+            for r, row in enumerate(map(tuple, comp.tolist())):
+                first_rank.setdefault(row, r)
+            ranks = np.fromiter(first_rank.values(), dtype=np.intp, count=len(first_rank))
             comp = comp[ranks]
         per_split.append((comp, ranks))
     K = max(len(r) for _, r in per_split)
@@ -206,8 +272,10 @@ def stage_sets(spec: ModelSpec, batch: ConfigBatch, all_stages: bool = False) ->
         comp_tab[i] = np.concatenate([comp, np.repeat(comp[-1:], pad, axis=0)])
         rank_tab[i] = np.concatenate([ranks, np.repeat(ranks[-1:], pad)])
     valid_split = np.array([e is None for e in errors])
-    return StageSet(comp=comp_tab[inverse], rank=rank_tab[inverse], valid=valid_split[inverse],
-                    errors=errors, split_index=inverse, split_comps=split_comps)
+    return _TableStageSet(comp=None, rank=None, valid=valid_split[inverse],
+                          errors=errors, split_index=inverse, split_comps=split_comps,
+                          split_comp_table=comp_tab, split_rank_table=rank_tab,
+                          split_stage_count=np.array([len(r) for _, r in per_split], dtype=np.int64))
 
 
 def microbatches_in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, rank: np.ndarray) -> np.ndarray:
