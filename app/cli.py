@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel import evaluate as evaluate_config
+from costmodel.runtime import tune_allocator
 from search import ENGINES, SearchRequest, SpaceError, run_search, validate_fixed
 from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
 
@@ -40,6 +41,7 @@ def _print_json(data) -> None:
 @click.version_option(package_name="paraplan")
 def main() -> None:
     """ParaPlan: parallel-strategy planning for large-model training on Ascend and GPU clusters."""
+    tune_allocator()
 
 
 def _fmt(x, spec: str = ".3f") -> str:

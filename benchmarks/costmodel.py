@@ -1,6 +1,6 @@
 """Throughput of the vectorised cost model: configs scored per second on one core.
 
-Measures ``costmodel.evaluate_batch(spec, profile, devices, batch)`` (``all_stages=False``, the path
+Measures ``costmodel.evaluate_batch(spec, profile, devices, batch, keep_stages=False)`` (the path
 the searches call) on batches of 1, 1,000 and 100,000 random configs, for a MoE model
 (``pangu-ultra-moe-718b`` on ``ascend-910b``, 6144 devices, global batch 7680) and a dense one
 (``llama3-405b`` on ``nvidia-h100-80gb``, 16384 devices, global batch 2048). Configs are a realistic
@@ -9,7 +9,8 @@ mbs 1-4, recompute none / selective (a few module sets) / full with or without r
 random flags; the MoE load imbalance is the default, as it is an input of a search, not a searched
 column) built directly as numpy columns of a :class:`costmodel.ConfigBatch`, without pydantic; that
 build time is reported separately.
-Each cell is the median of several repeats within one run; BLAS/OpenMP are pinned to one thread.
+Each cell is the median of several repeats within one run; BLAS/OpenMP are pinned to one thread,
+and the allocator is tuned as ParaPlan's entry points tune it (``costmodel.runtime.tune_allocator``).
 
 Run from the repository root:
 
@@ -36,6 +37,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hardware_profiles  # noqa: E402
+from costmodel.runtime import tune_allocator  # noqa: E402
 import model_presets  # noqa: E402
 from costmodel import ConfigBatch, DEFAULT_MOE_LOAD_IMBALANCE, evaluate_batch  # noqa: E402
 from costmodel.batch import MODULE_BITS, NO_VALUE  # noqa: E402
@@ -95,6 +97,7 @@ def median_time(fn, repeats: int, min_total_s: float = 0.2) -> float:
 
 
 def main() -> int:
+    tune_allocator()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7, help="timed samples per cell (median reported)")
     ap.add_argument("--seed", type=int, default=0)
@@ -109,9 +112,9 @@ def main() -> int:
             build_s = median_time(lambda: random_batch(np.random.default_rng(args.seed), n, spec, devices, gbs),
                                   args.repeats)
             batch = random_batch(rng, n, spec, devices, gbs)
-            eval_s = median_time(lambda: evaluate_batch(spec, profile, devices, batch), args.repeats)
+            eval_s = median_time(lambda: evaluate_batch(spec, profile, devices, batch, keep_stages=False), args.repeats)
             per_cfg[n] = eval_s / n
-            feasible = evaluate_batch(spec, profile, devices, batch).feasible.mean()
+            feasible = evaluate_batch(spec, profile, devices, batch, keep_stages=False).feasible.mean()
             rows.append(dict(case=f"{label}: {model} / {cluster} / {devices} dev / gbs {gbs}", n=n,
                              build_ms=build_s * 1e3, eval_ms=eval_s * 1e3, us_per_cfg=eval_s / n * 1e6,
                              rate=n / eval_s, feasible=feasible))

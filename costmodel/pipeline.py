@@ -239,6 +239,35 @@ def unique_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return np.stack(digits[::-1], axis=1), inverse
 
 
+_SPLIT_CACHE: dict[tuple, tuple[np.ndarray, str | None, np.ndarray]] = {}
+_SPLIT_CACHE_MAX = 4096
+
+
+def _split_cached(spec_key: str, spec: ModelSpec, pp: int, vpp: int, first: int, last: int, ae: bool,
+                  al: bool, layout: str | None) -> tuple[np.ndarray, str | None, np.ndarray]:
+    """``split_stages`` (composition, error or None, lowest rank of each distinct composition),
+    remembered per model and split: a search scores the same few hundred splits chunk after chunk."""
+    key = (spec_key, pp, vpp, first, last, ae, al, layout)
+    hit = _SPLIT_CACHE.get(key)
+    if hit is not None:
+        return hit
+    try:
+        comp, error = split_stages(spec, pp, vpp, first, last, ae, al, layout), None
+    except LayoutError as exc:
+        comp = np.zeros((pp, 5), dtype=np.int64)
+        comp[0, DENSE] = 1  # placeholder so that downstream arithmetic stays finite
+        error = str(exc)
+    first_rank: dict[tuple, int] = {}  # lowest rank of each distinct composition
+    for r, row in enumerate(map(tuple, comp.tolist())):
+        first_rank.setdefault(row, r)
+    candidates = np.fromiter(first_rank.values(), dtype=np.intp, count=len(first_rank))
+    comp.flags.writeable = False  # shared between calls
+    if len(_SPLIT_CACHE) >= _SPLIT_CACHE_MAX:
+        _SPLIT_CACHE.clear()
+    _SPLIT_CACHE[key] = (comp, error, candidates)
+    return comp, error, candidates
+
+
 def stage_sets(spec: ModelSpec, batch: ConfigBatch, all_stages: bool = False) -> StageSet:
     uniq, inverse = unique_rows([batch.pp, batch.vpp, batch.first_stage_layers, batch.last_stage_layers,
                                  batch.account_for_embedding.astype(np.int64),
@@ -246,24 +275,14 @@ def stage_sets(spec: ModelSpec, batch: ConfigBatch, all_stages: bool = False) ->
     per_split: list[tuple[np.ndarray, np.ndarray]] = []
     split_comps: list[np.ndarray] = []
     errors: list[str | None] = []
+    spec_key = spec.model_dump_json()
     for pp, vpp, first, last, ae, al, lid in uniq.tolist():
         layout = batch.layouts[lid] if lid != NO_VALUE else None
-        try:
-            comp = split_stages(spec, pp, vpp, first, last, bool(ae), bool(al), layout)
-            errors.append(None)
-        except LayoutError as exc:
-            comp = np.zeros((pp, 5), dtype=np.int64)
-            comp[0, DENSE] = 1  # placeholder so that downstream arithmetic stays finite
-            errors.append(str(exc))
+        comp, error, candidates = _split_cached(spec_key, spec, pp, vpp, first, last, bool(ae), bool(al), layout)
+        errors.append(error)
         split_comps.append(comp)
-        ranks = np.arange(pp)
-        if not all_stages:
-            first_rank: dict[tuple, int] = {}  # lowest rank of each distinct composition
-            for r, row in enumerate(map(tuple, comp.tolist())):
-                first_rank.setdefault(row, r)
-            ranks = np.fromiter(first_rank.values(), dtype=np.intp, count=len(first_rank))
-            comp = comp[ranks]
-        per_split.append((comp, ranks))
+        ranks = np.arange(pp) if all_stages else candidates
+        per_split.append((comp[ranks], ranks))
     K = max(len(r) for _, r in per_split)
     comp_tab = np.zeros((len(per_split), K, 5), dtype=np.int64)
     rank_tab = np.zeros((len(per_split), K), dtype=np.int64)

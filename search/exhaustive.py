@@ -49,7 +49,7 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     min_peak, min_at = np.inf, None
     done = 0
     for rows, opts, batch in space.batches(batch_size):
-        br = evaluate_batch(space.spec, space.profile, space.devices, batch)
+        br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
         feasible += int(br.feasible.sum())
         if br.valid.any():
             peaks = np.where(br.valid, br.peak_bytes, np.inf)

@@ -121,7 +121,7 @@ def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: 
         expanded = [expand(space, lay) for lay in layouts]
         flat = [c for group in expanded for c in group]
         batch, split_ok = space.choice_batch(flat)
-        br = evaluate_batch(space.spec, space.profile, space.devices, batch)
+        br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
         valid = br.valid & split_ok
         ok = valid & br.feasible
         peaks = br.peak_bytes / 2**30
@@ -181,7 +181,7 @@ def _pareto(study: optuna.Study, space: SearchSpace) -> list[dict]:
         layout = nearest_valid(space, suggest(optuna.trial.FixedTrial(t.params), space))
         group = expand(space, layout)
         batch, split_ok = space.choice_batch(group)
-        br = evaluate_batch(space.spec, space.profile, space.devices, batch)
+        br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
         f = br.valid & split_ok & br.feasible
         if not f.any():
             continue
