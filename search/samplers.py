@@ -77,15 +77,9 @@ def nearest_valid(space: SearchSpace, layout: dict) -> dict:
 def expand(space: SearchSpace, layout: dict) -> list[dict]:
     """Every micro-batch size and option (recompute, optimizer, overlaps) of one layout: these are
     scored together in one vectorised batch, the layout's value is its best feasible config."""
-    out = []
-    for mbs in space.values["micro_batch_size"]:
-        for i, (_, _, tp_ov, a2a) in enumerate(space.options):
-            if tp_ov and layout["tp"] == 1 and "tp_comm_overlap" not in space.fixed:
-                continue
-            if a2a and layout["ep"] == 1 and "moe_a2a_overlap" not in space.fixed:
-                continue
-            out.append({**layout, "micro_batch_size": mbs, "option": i})
-    return out
+    allowed = np.flatnonzero(space.allowed_options(np.array([layout["tp"]]), np.array([layout["ep"]]))[0])
+    return [{**layout, "micro_batch_size": mbs, "option": int(i)}
+            for mbs in space.values["micro_batch_size"] for i in allowed]
 
 
 def _key(choice: dict) -> tuple:

@@ -11,10 +11,14 @@ Dimensions and the values offered (``docs/search.md`` is the user-facing copy):
   middle stage the same number of layers (vpp = 1).
 * ``recompute``: none; selective with one of ``SELECTIVE_SETS`` (the modules the model has);
   full with ``recompute_num_layers`` all, 1, 2 or 4 per stage.
-* ``distributed_optimizer`` on/off, ``tp_comm_overlap`` on/off (tp > 1), ``moe_a2a_overlap`` on/off
-  (ep > 1).
-* ``sequence_parallel`` follows tp (on when tp > 1): with the same communication volume it only saves
-  memory (Korthikanti et al. 2022 §4.2.2), so the off value is dominated. Pin it with ``fixed``.
+* ``distributed_optimizer``, ``tp_comm_overlap`` (tp > 1), ``moe_a2a_overlap`` (ep > 1) and
+  ``sequence_parallel`` (tp > 1) are on. Their off values are dominated in the cost model: the
+  distributed optimizer moves less data-parallel traffic (a reduce-scatter plus a bf16 all-gather
+  against an all-reduce of fp32 gradients), shortens the optimizer step and saves 12 B per
+  parameter; an overlap never lengthens a step and costs no memory; sequence parallelism has the
+  same communication volume and less memory (Korthikanti et al. 2022 §4.2.2). Offering the off values
+  would only fill the top K with slower copies of the same layouts. Pin any of them with ``fixed``
+  (e.g. a framework without mc2: ``tp_comm_overlap=false``).
 
 Every offered config passes the cost model's validity rules (the same code checks both), and dp
 follows from the device count. ``fixed`` pins any config field to one value.
@@ -136,14 +140,17 @@ class SearchSpace:
 
     # ---- size and enumeration ----------------------------------------------------------------
     def _option_mask(self) -> np.ndarray:
-        """(layouts, options) allowed pairs: TP overlap needs tp > 1, all-to-all overlap ep > 1."""
+        """(layouts, options) pairs the space offers."""
+        return self.allowed_options(self.parallel["tp"], self.parallel["ep"])
+
+    def allowed_options(self, tp: np.ndarray, ep: np.ndarray) -> np.ndarray:
+        """(configs, options) mask: TP overlap on exactly when tp > 1 and all-to-all overlap exactly
+        when ep > 1 (the off values are dominated, see the module docstring), unless pinned."""
         tp_ov = np.array([o[2] for o in self.options])
         a2a = np.array([o[3] for o in self.options])
-        tp_ok = self.parallel["tp"][:, None] > 1
-        ep_ok = self.parallel["ep"][:, None] > 1
-        fixed_tp_ov = "tp_comm_overlap" in self.fixed
-        fixed_a2a = "moe_a2a_overlap" in self.fixed
-        return ((~tp_ov[None, :] | tp_ok | fixed_tp_ov) & (~a2a[None, :] | ep_ok | fixed_a2a))
+        tp_ok = (tp_ov[None, :] == (np.asarray(tp)[:, None] > 1)) | ("tp_comm_overlap" in self.fixed)
+        ep_ok = (a2a[None, :] == (np.asarray(ep)[:, None] > 1)) | ("moe_a2a_overlap" in self.fixed)
+        return tp_ok & ep_ok
 
     @property
     def size(self) -> int:
@@ -287,7 +294,7 @@ def _values(spec: ModelSpec, profile: ClusterProfile, devices: int, allow_cross_
     return {"tp": tp, "cp": cp, "pp": pp, "vpp": vpp, "ep": ep, "etp": etp,
             "micro_batch_size": list(MBS_VALUES),
             "split": [SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST],
-            "recompute": recompute, "distributed_optimizer": [True, False],
+            "recompute": recompute, "distributed_optimizer": [True],
             "tp_comm_overlap": [False, True], "moe_a2a_overlap": [False, True] if spec.is_moe else [False]}
 
 

@@ -58,11 +58,9 @@ def _brute_force(spec, profile, devices, gbs) -> set:
     valid = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs(models)).valid
     out = set()
     for lay in itertools.compress(layouts, valid):
-        for rec, dist, tp_ov, a2a in itertools.product(recompute, (True, False), (False, True), (False, True)):
-            if (tp_ov and lay["tp"] == 1) or (a2a and lay["ep"] == 1):
-                continue
-            out.add(_canon({**lay, **rec.fields(), "distributed_optimizer": dist, "tp_comm_overlap": tp_ov,
-                            "moe_a2a_overlap": a2a}))
+        for rec in recompute:  # the dominated off values of the flags are not offered (docs/search.md)
+            out.add(_canon({**lay, **rec.fields(), "distributed_optimizer": True,
+                            "tp_comm_overlap": lay["tp"] > 1, "moe_a2a_overlap": lay["ep"] > 1}))
     return out
 
 
