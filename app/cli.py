@@ -255,5 +255,12 @@ def _run_with_progress(req: SearchRequest) -> dict:
         return run_search(req, progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
+from .commands import serve, submit, worker  # noqa: E402 - the service commands (app/commands/)
+
+main.add_command(serve)
+main.add_command(worker)
+main.add_command(submit)
+
+
 if __name__ == "__main__":
     main()

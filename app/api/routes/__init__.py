@@ -1,0 +1,1 @@
+"""Route modules: ``jobs``, ``evaluate``, ``catalog``, ``health``."""

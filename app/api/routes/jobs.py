@@ -1,0 +1,122 @@
+"""`/v1/jobs`: submit a search, follow it, read its ranked configs, cancel or delete it.
+
+The routes that read one job or one page of configs are ``async def``: they run on the event loop,
+since their database reads take well under a millisecond and a thread hop per request would cost more
+than the read (latency under load: README, "Service"). Routes that compute (submitting builds the
+search space), write, or may read hundreds of rows are plain ``def`` and run in the thread pool.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
+from sqlalchemy.orm import Session
+
+from app.api.deps import api_scope, get_db, get_settings
+from app.core.config import Settings
+from app.schemas.common import AUTH_ERRORS, BODY_ERRORS, NOT_FOUND, QUERY_ERRORS, error_doc
+from app.schemas.jobs import ConfigPage, JobCreate, JobOut, JobPage, Status
+from app.services import jobs as service
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(api_scope)], responses=AUTH_ERRORS)
+
+JobId = Annotated[str, Path(description="The job's UUID.", examples=["0b5c8c52-3c2e-4a53-9f43-3f3f7f2a8f10"])]
+
+EXAMPLES = {
+    "preset": {"summary": "Presets: Pangu Ultra MoE on 6,144 Ascend 910B (TPE, 200 trials)",
+               "value": {"model": "pangu-ultra-moe-718b", "cluster": "ascend-910b", "devices": 6144,
+                         "global_batch_size": 7680, "search": {"sampler": "tpe", "n_trials": 200, "seed": 7}}},
+    "overrides": {"summary": "A preset with overrides (\"base\"), pinned recompute",
+                  "value": {"model": {"base": "deepseek-v3-671b", "seq_length": 8192},
+                            "cluster": "nvidia-h100-80gb", "devices": 2048, "global_batch_size": 15360,
+                            "search": {"sampler": "tpe", "n_trials": 300, "seed": 1,
+                                       "fixed": {"recompute": "selective"}}}},
+    "spec": {"summary": "A full model spec, exhaustive search",
+             "value": {"model": {"name": "my-moe", "num_layers": 6, "hidden_size": 256, "num_attention_heads": 8,
+                                 "ffn_hidden_size": 1024, "vocab_size": 1024, "seq_length": 512,
+                                 "num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 256},
+                       "cluster": "nvidia-h100-80gb", "devices": 8, "global_batch_size": 64,
+                       "search": {"sampler": "exhaustive", "top_k": 5}}},
+}
+
+
+def _out(db: Session, job) -> dict:
+    return service.to_out(job, service.best_of(db, [job]).get(job.id))
+
+
+@router.post("", status_code=202, response_model=JobOut, summary="Submit a search job",
+             description="Checks the inputs (422 naming the field on any problem), stores the job with its exact "
+                         "inputs and returns it `queued`, with a `Location` header. The same `Idempotency-Key` "
+                         "with the same body returns the same job; with another body it is a 409.",
+             responses={**BODY_ERRORS,
+                        409: error_doc("Idempotency-Key reused with another body.", ["header", "Idempotency-Key"],
+                                       "this Idempotency-Key was used with another body", "idempotency_conflict"),
+                        429: error_doc("Too many queued jobs (PARAPLAN_MAX_QUEUED_JOBS).", ["body"],
+                                       "1000 jobs are already queued; retry later", "too_many_jobs")})
+def submit(request: Request, response: Response,
+           body: Annotated[JobCreate, Body(openapi_examples=EXAMPLES)],
+           idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200,
+                                                         description="Makes retries safe: same key and body, "
+                                                                     "same job.")] = None,
+           scope: str = Depends(api_scope), db: Session = Depends(get_db),
+           settings: Settings = Depends(get_settings)) -> dict:
+    job, replayed = service.create(db, body, settings, scope, idempotency_key)
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    else:
+        wake = getattr(request.app.state, "wake", None)
+        if wake is not None:
+            wake()
+    return _out(db, job)
+
+
+@router.get("", response_model=JobPage, summary="List jobs", description="Newest first.",
+            responses=QUERY_ERRORS)
+def list_jobs(status: Annotated[Status | None, Query(description="Only jobs in this status.")] = None,
+              limit: Annotated[int, Query(ge=1, le=500)] = 50, offset: Annotated[int, Query(ge=0)] = 0,
+              db: Session = Depends(get_db)) -> dict:
+    rows, total = service.list_jobs(db, status, limit, offset)
+    best = service.best_of(db, rows)
+    return {"items": [service.to_out(j, best.get(j.id)) for j in rows], "total": total, "limit": limit,
+            "offset": offset}
+
+
+@router.get("/{job_id}", response_model=JobOut, summary="One job: status, progress, best config, inputs",
+            responses=NOT_FOUND)
+async def get_job(job_id: JobId, db: Session = Depends(get_db)) -> dict:
+    return _out(db, service.get(db, job_id))
+
+
+@router.get("/{job_id}/configs", response_model=ConfigPage, summary="The job's ranked configs",
+            description="Rank 1 first (or sorted by `sort`), each with its full evaluation. Empty until the job "
+                        "has succeeded.", responses={**NOT_FOUND, **QUERY_ERRORS})
+async def get_configs(job_id: JobId,
+                limit: Annotated[int, Query(ge=1, le=500)] = 50, offset: Annotated[int, Query(ge=0)] = 0,
+                sort: Annotated[Literal["rank", "tokens_per_s", "mfu", "peak_gib"],
+                                Query(description="`rank` (default), or best first by tokens/s, MFU, or the "
+                                                  "smallest peak memory.")] = "rank",
+                min_mfu: Annotated[float | None, Query(ge=0, description="Only configs with at least this "
+                                                                         "MFU.")] = None,
+                max_peak_gib: Annotated[float | None, Query(gt=0, description="Only configs whose peak memory is "
+                                                                              "at most this.")] = None,
+                db: Session = Depends(get_db)) -> dict:
+    service.exists(db, job_id)
+    items, total = service.configs(db, job_id, limit, offset, sort, min_mfu, max_peak_gib)
+    return {"items": items, "total": total, "limit": limit, "offset": offset}
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, summary="Cancel a job",
+             description="A queued or running job becomes `cancelled` at once (a running search stops within "
+                         "about a second); a finished job is returned unchanged.", responses=NOT_FOUND)
+def cancel_job(job_id: JobId, db: Session = Depends(get_db)) -> dict:
+    return _out(db, service.cancel(db, service.get(db, job_id)))
+
+
+@router.delete("/{job_id}", status_code=204, response_class=Response, summary="Delete a job",
+               description="Cancels it if it runs, then deletes it, its ranked configs and its Optuna study.",
+               responses=NOT_FOUND)
+def delete_job(job_id: JobId, db: Session = Depends(get_db), settings: Settings = Depends(get_settings)) -> Response:
+    service.remove(db, service.get(db, job_id), settings.database_url)
+    return Response(status_code=204)

@@ -1,0 +1,1 @@
+"""Service plumbing shared by the API and the worker: settings (``config``)."""

@@ -1,0 +1,1 @@
+"""The jobs database: engine and sessions (``engine``), tables (``models``), migrations (``migrate``)."""

@@ -1,0 +1,73 @@
+"""The contract's evaluation result and a ranked config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the cost model may add fields; they pass through
+
+
+class InfeasibleReason(_Open):
+    code: str = Field(examples=["oom"])
+    message: str = Field(examples=["stage 0 needs 71.2 GiB of 64.0"])
+
+
+class TimeBreakdown(_Open):
+    """Exposed time per step (seconds); the parts add up to ``step_time_s``. Null when the config is
+    structurally invalid."""
+
+    compute_s: float | None
+    tp_comm_s: float | None
+    cp_comm_s: float | None
+    ep_comm_s: float | None
+    pp_bubble_s: float | None
+    pp_p2p_s: float | None
+    dp_comm_exposed_s: float | None
+    optimizer_s: float | None
+
+
+class MemoryBreakdown(_Open):
+    """Memory at the peak stage (GiB, 2^30 bytes) and the peak of every pipeline stage."""
+
+    peak_gib: float | None
+    capacity_gib: float | None
+    params_gib: float | None
+    grads_gib: float | None
+    optimizer_gib: float | None
+    activations_gib: float | None
+    per_stage_peak_gib: list[float | None] | None
+
+
+class Versions(_Open):
+    paraplan: str
+    profile: str = Field(description="A hash of the cluster profile used (facts and factors).")
+
+
+class Evaluation(_Open):
+    """One evaluation result (CONTRACT.md, "Evaluation result")."""
+
+    feasible: bool
+    infeasible_reasons: list[InfeasibleReason]
+    warnings: list[str]
+    step_time_s: float | None
+    tokens_per_s: float | None
+    tokens_per_s_per_device: float | None
+    model_tflops_per_device: float | None
+    mfu: float | None
+    hfu: float | None
+    time: TimeBreakdown
+    memory: MemoryBreakdown
+    versions: Versions
+
+
+class RankedConfig(BaseModel):
+    rank: int = Field(description="1 is the best (highest predicted tokens/s that fits).", examples=[1])
+    config: dict[str, Any] = Field(description="The training config (CONTRACT.md, \"Training config\").",
+                                   examples=[{"tp": 8, "pp": 16, "vpp": 2, "cp": 1, "ep": 32, "etp": 1,
+                                              "micro_batch_size": 2, "global_batch_size": 7680,
+                                              "recompute": "selective"}])
+    evaluation: Evaluation

@@ -1,0 +1,139 @@
+"""Jobs: the request that creates one, its options, and the job as the API returns it."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
+
+from .evaluation import RankedConfig
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+Sampler = Literal["auto", "tpe", "nsga2", "random", "exhaustive"]
+
+MODEL_FIELD = Field(
+    description="A model preset name (`GET /v1/models`), a full model spec (Megatron-Core names, "
+                "CONTRACT.md \"Model spec\"), or a preset with overrides: `{\"base\": \"<preset>\", ...}`.",
+    examples=["pangu-ultra-moe-718b", {"base": "pangu-ultra-moe-718b", "seq_length": 8192}])
+CLUSTER_FIELD = Field(
+    description="A cluster profile name (`GET /v1/clusters`), a full profile, or a profile with overrides: "
+                "`{\"base\": \"<profile>\", \"facts\": {\"memory_gib\": {\"value\": 96, \"source\": \"...\"}}}`.",
+    examples=["ascend-910b"])
+
+
+class SearchOptions(BaseModel):
+    """How to search; every field is optional. Defaults: `auto` sampler, 500 trials, top 10, a random
+    seed (recorded in the job, so the job can be re-run exactly), no time limit, nothing pinned."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sampler: Sampler = Field("auto", description="`auto` is `exhaustive` for spaces of at most 20,000,000 "
+                                                 "configs, else `tpe` (docs/search.md).")
+    n_trials: int = Field(DEFAULT_TRIALS, ge=1, description="Optuna trials (samplers); at most "
+                                                             "PARAPLAN_MAX_TRIALS (default 5000).")
+    top_k: int = Field(DEFAULT_TOP_K, ge=1, description="How many ranked configs to keep (at most PARAPLAN_MAX_TOP_K, "
+                                                        "default 100).")
+    seed: int | None = Field(None, ge=0, le=2**32 - 1, description="Sampler seed; same seed, same result. "
+                                                                   "Chosen at random (and recorded) when absent.")
+    timeout_s: float | None = Field(None, gt=0, description="Stop sampling after this many seconds "
+                                                            "(at most PARAPLAN_MAX_TIMEOUT_S, default 3600).")
+    fixed: dict[str, Any] = Field(default_factory=dict, description="Config fields pinned to one value "
+                                                                    "(as `--fix KEY=VALUE`).",
+                                  examples=[{"recompute": "selective", "tp": 8}])
+    allow_cross_domain_tp: bool = Field(False, description="Let tp span more than one scale-up domain.")
+    parallel_workers: int = Field(1, ge=1, le=1, description="Search threads per job; the service runs each "
+                                                             "job on one thread (only 1 is accepted).")
+
+
+class JobCreate(BaseModel):
+    """A search job: the inputs of `paraplan search`."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "model": "pangu-ultra-moe-718b", "cluster": "ascend-910b", "devices": 6144,
+        "global_batch_size": 7680, "search": {"sampler": "tpe", "n_trials": 200, "seed": 7}}]})
+
+    model: str | dict[str, Any] = MODEL_FIELD
+    cluster: str | dict[str, Any] = CLUSTER_FIELD
+    devices: int = Field(ge=1, description="Number of devices (at most PARAPLAN_MAX_DEVICES).", examples=[6144])
+    global_batch_size: int = Field(ge=1, le=100_000_000, description="Sequences per step.", examples=[7680])
+    precision: Literal["bf16", "fp8"] = Field("bf16", description="`fp8` needs a profile FP8 peak.")
+    moe_load_imbalance: float | None = Field(None, ge=1.0, le=64.0, description="max/mean routed tokens per "
+                                                                              "EP rank; default 1.15.")
+    seq_length: int | None = Field(None, ge=1, description="Override the model's seq_length "
+                                                           "(as `--seq-length`).")
+    search: SearchOptions = Field(default_factory=SearchOptions)
+
+
+class Progress(BaseModel):
+    trials_done: int = Field(description="Finished trials (configs scored for `exhaustive`); "
+                                         "updated at least every 2 s while running.", examples=[120])
+    trials_total: int = Field(description="Trials asked for (the space size for `exhaustive`).", examples=[200])
+
+
+class ResolvedSearch(SearchOptions):
+    seed: int = Field(description="The seed used (chosen at random when the request had none).")
+    engine: str = Field(description="The engine that runs: `auto` resolved at submission.", examples=["tpe"])
+    space_size: int = Field(description="Configs in the search space.", examples=[11894960])
+
+
+class JobInputs(BaseModel):
+    """The exact inputs of the job: enough to reproduce its result."""
+
+    model: dict[str, Any] = Field(description="The model spec after loading (preset and overrides merged).")
+    cluster: str = Field(description="The cluster profile's name.", examples=["ascend-910b"])
+    profile_version: str = Field(description="Hash of the profile used (facts and calibrated factors).",
+                                 examples=["4f6c1a0e9b2d"])
+    devices: int
+    global_batch_size: int
+    precision: str
+    moe_load_imbalance: float | None
+    search: ResolvedSearch
+    paraplan_version: str
+
+
+class JobSummary(BaseModel):
+    """What the search did (as in `paraplan search --json`, without the ranked lists)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    engine: str
+    space_size: int
+    trials: int = Field(description="Configs scored (`exhaustive`) or Optuna trials (samplers).")
+    feasible_trials: int
+    search_time_s: float
+    configs_scored: int | None = None
+    study_name: str | None = Field(None, description="The job's Optuna study, stored in the same database.")
+    smallest_peak_gib: float | None = None
+    smallest_peak_config: dict[str, Any] | None = None
+
+
+class JobOut(BaseModel):
+    id: str = Field(description="A UUID.", examples=["0b5c8c52-3c2e-4a53-9f43-3f3f7f2a8f10"])
+    status: Status = Field(description="`queued` → `running` → `succeeded` | `failed` | `cancelled`.")
+    progress: Progress
+    best: RankedConfig | None = Field(description="Rank 1 once succeeded; null while not finished, and when "
+                                                  "no config fits (the job still `succeeded`).")
+    error: str | None = Field(description="Why the job failed, in words.", examples=[None])
+    inputs: JobInputs
+    summary: JobSummary | None = Field(description="Counts of a finished search.")
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    updated_at: dt.datetime
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class ConfigPage(BaseModel):
+    items: list[RankedConfig]
+    total: int
+    limit: int
+    offset: int

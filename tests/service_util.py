@@ -1,0 +1,97 @@
+"""Helpers of the service tests: a real `paraplan serve` on a free loopback port, and small job bodies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+HEALTHY_WITHIN_S = 10.0
+TINY_JOB = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 8, "global_batch_size": 64,
+            "search": {"sampler": "exhaustive", "top_k": 5}}
+PANGU_JOB = {"model": "pangu-ultra-moe-718b", "cluster": "ascend-910b", "devices": 6144, "global_batch_size": 7680,
+             "search": {"sampler": "tpe", "n_trials": 200, "seed": 7}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`python -m app.cli serve` as a subprocess, with its own DATABASE_URL and a log file."""
+
+    def __init__(self, db_path: Path, log_path: Path, *extra: str, env: dict | None = None):
+        self.db_path, self.log_path, self.extra = db_path, log_path, extra
+        self.env = {**os.environ, "DATABASE_URL": f"sqlite:///{db_path}", **(env or {})}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.ready_after_s: float | None = None
+
+    def start(self) -> "Server":
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        log = open(self.log_path, "a")
+        started = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(self.port),
+                                      "--no-access-log", *self.extra], cwd=ROOT, env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        while time.monotonic() - started < 30:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    self.ready_after_s = time.monotonic() - started
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        self.proc.kill()
+        raise RuntimeError(f"server not healthy after 30 s:\n{self.log()}")
+
+    def stop(self, timeout: float = 15.0) -> float:
+        """SIGTERM; returns the seconds until the process exited."""
+        if self.proc is None or self.proc.poll() is not None:
+            return 0.0
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return time.monotonic() - started
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def client(self, **kw) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **kw)
+
+
+def wait_for(client: httpx.Client, job_id: str, timeout: float = 60.0, until=("succeeded", "failed", "cancelled"),
+             seen: list | None = None) -> dict:
+    started = time.monotonic()
+    while True:
+        job = client.get(f"/v1/jobs/{job_id}").raise_for_status().json()
+        if seen is not None:
+            seen.append((time.monotonic() - started, job))
+        if job["status"] in until:
+            return job
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"job still {job['status']} after {timeout} s: {job}")
+        time.sleep(0.1)
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout, stdin=subprocess.DEVNULL)

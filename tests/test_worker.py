@@ -1,0 +1,196 @@
+"""The worker in-process: claim under a lease, progress, cancel within a second or two, stop and requeue,
+reclaiming lost leases, readable errors, the ranked configs written once, the Optuna study beside."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import subprocess
+import threading
+import time
+import warnings
+
+import optuna
+import pytest
+from sqlalchemy import select, update
+
+warnings.filterwarnings("ignore", message=".*httpx2.*")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+import hardware_profiles  # noqa: E402
+import model_presets  # noqa: E402
+from app.core.config import Settings  # noqa: E402
+from app.db.engine import get_sessionmaker  # noqa: E402
+from app.db.models import Job, JobConfig, utcnow  # noqa: E402
+from app.main import create_app  # noqa: E402
+from app.worker import Worker  # noqa: E402
+from search import SearchRequest, run_search  # noqa: E402
+from service_util import PANGU_JOB, TINY_JOB  # noqa: E402
+
+
+@pytest.fixture
+def env(tmp_path):
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'worker.db'}", lease_s=5)
+    with TestClient(create_app(settings)) as client:
+        yield settings, client, get_sessionmaker(settings.database_url)
+
+
+def job_row(sessions, job_id) -> Job:
+    with sessions() as db:
+        return db.get(Job, job_id)
+
+
+def test_a_job_runs_to_success_and_matches_run_search(env, same_result):
+    settings, client, sessions = env
+    job = client.post("/v1/jobs", json=TINY_JOB).json()
+    assert Worker(settings).run_until_idle() == 1
+    done = client.get(f"/v1/jobs/{job['id']}").json()
+    assert done["status"] == "succeeded" and done["error"] is None
+    assert done["progress"]["trials_done"] == done["progress"]["trials_total"] == done["inputs"]["search"]["space_size"]
+    assert done["summary"]["engine"] == "exhaustive" and done["summary"]["trials"] == done["progress"]["trials_done"]
+    configs = client.get(f"/v1/jobs/{job['id']}/configs").json()
+    assert configs["total"] == 5  # the top K, not a row per scored config
+    assert [c["rank"] for c in configs["items"]] == [1, 2, 3, 4, 5]
+    assert done["best"] == configs["items"][0]
+    direct = run_search(SearchRequest(spec=model_presets.load("tiny-moe"), profile=hardware_profiles.load(
+        "nvidia-h100-80gb"), devices=8, global_batch_size=64, sampler="exhaustive", top_k=5))
+    same_result([{k: e[k] for k in ("rank", "config", "evaluation")} for e in direct["top"]], configs["items"])
+    by_mfu = client.get(f"/v1/jobs/{job['id']}/configs", params={"sort": "peak_gib", "limit": 2}).json()
+    peaks = [c["evaluation"]["memory"]["peak_gib"] for c in by_mfu["items"]]
+    assert by_mfu["total"] == 5 and peaks == sorted(peaks)
+    with sessions() as db:
+        row = db.get(JobConfig, (job["id"], 1))
+        assert row.mfu == pytest.approx(configs["items"][0]["evaluation"]["mfu"])
+        assert row.tokens_per_s == pytest.approx(configs["items"][0]["evaluation"]["tokens_per_s"])
+
+
+def test_sampler_job_keeps_its_optuna_study_in_the_same_database(env):
+    settings, client, _ = env
+    body = {**TINY_JOB, "search": {"sampler": "tpe", "n_trials": 24, "seed": 3}}
+    job = client.post("/v1/jobs", json=body).json()
+    Worker(settings).run_until_idle()
+    done = client.get(f"/v1/jobs/{job['id']}").json()
+    assert done["status"] == "succeeded" and done["progress"] == {"trials_done": 24, "trials_total": 24}
+    name = done["summary"]["study_name"]
+    assert name == f"paraplan-job-{job['id']}"
+    study = optuna.load_study(study_name=name, storage=settings.database_url)
+    assert len(study.trials) == 24
+    assert client.delete(f"/v1/jobs/{job['id']}").status_code == 204
+    assert name not in {s.study_name for s in optuna.get_all_study_summaries(settings.database_url)}
+
+
+def _run_in_thread(worker: Worker) -> threading.Thread:
+    t = threading.Thread(target=worker.run_forever, daemon=True)
+    t.start()
+    return t
+
+
+def _wait(pred, timeout: float, step: float = 0.05):
+    started = time.monotonic()
+    while not pred():
+        if time.monotonic() - started > timeout:
+            raise AssertionError("timed out")
+        time.sleep(step)
+    return time.monotonic() - started
+
+
+def test_progress_is_written_while_running_and_cancel_stops_the_search_within_two_seconds(env):
+    settings, client, sessions = env
+    job = client.post("/v1/jobs", json={**PANGU_JOB, "search": {"sampler": "tpe", "n_trials": 3000, "seed": 1}}).json()
+    worker = Worker(settings)
+    thread = _run_in_thread(worker)
+    try:
+        _wait(lambda: job_row(sessions, job["id"]).trials_done > 0, timeout=30)
+        seen = []
+        for _ in range(6):  # progress moves at least every 2 s, never past the total
+            time.sleep(0.5)
+            p = client.get(f"/v1/jobs/{job['id']}").json()["progress"]
+            assert 0 < p["trials_done"] <= p["trials_total"] == 3000
+            seen.append(p["trials_done"])
+        assert seen == sorted(seen) and seen[-1] > seen[0]
+        r = client.post(f"/v1/jobs/{job['id']}/cancel")
+        assert r.json()["status"] == "cancelled"
+        stopped_after = _wait(lambda: worker.current is None, timeout=5, step=0.01)
+        assert stopped_after < 2.0
+        assert client.get(f"/v1/jobs/{job['id']}").json()["status"] == "cancelled"
+        assert client.get(f"/v1/jobs/{job['id']}/configs").json()["total"] == 0
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_a_stopping_worker_puts_its_job_back_in_the_queue(env):
+    settings, client, sessions = env
+    job = client.post("/v1/jobs", json={**PANGU_JOB, "search": {"sampler": "tpe", "n_trials": 3000, "seed": 2}}).json()
+    worker = Worker(settings)
+    thread = _run_in_thread(worker)
+    _wait(lambda: job_row(sessions, job["id"]).trials_done > 0, timeout=30)
+    started = time.monotonic()
+    worker.stop()
+    thread.join(10)
+    assert not thread.is_alive() and time.monotonic() - started < 3
+    row = job_row(sessions, job["id"])
+    assert row.status == "queued" and row.lease_owner is None and row.trials_done == 0 and row.attempts == 0
+    client.post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def _force_running(sessions, job_id, owner, expires, attempts=1):
+    with sessions() as db:
+        db.execute(update(Job).where(Job.id == job_id).values(status="running", lease_owner=owner,
+                                                                lease_expires_at=expires, attempts=attempts))
+        db.commit()
+
+
+def test_lost_leases_are_reclaimed(env):
+    settings, client, sessions = env
+    job_id = client.post("/v1/jobs", json=TINY_JOB).json()["id"]
+    worker = Worker(settings)
+    future = utcnow() + dt.timedelta(seconds=60)
+    _force_running(sessions, job_id, "elsewhere:1:abc", future)
+    assert worker.claim() is None  # a live lease held by another worker
+    _force_running(sessions, job_id, "elsewhere:1:abc", utcnow() - dt.timedelta(seconds=1))
+    assert worker.claim() == job_id  # expired
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    _force_running(sessions, job_id, f"{socket.gethostname()}:{dead.pid}:abc", future)
+    assert worker.claim() == job_id  # its worker process on this host is gone
+    assert worker.run_job(job_id) == "succeeded"
+    assert job_row(sessions, job_id).attempts == 2  # forced to 1, then this claim
+
+
+def test_a_job_that_keeps_losing_its_worker_fails_in_words(env):
+    settings, client, sessions = env
+    job_id = client.post("/v1/jobs", json=TINY_JOB).json()["id"]
+    _force_running(sessions, job_id, "elsewhere:1:abc", utcnow() - dt.timedelta(seconds=1),
+                   attempts=settings.max_attempts)
+    assert Worker(settings).claim() is None
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "failed" and "stopped 3 times" in job["error"]
+
+
+def test_a_failed_search_records_a_readable_error(env):
+    settings, client, sessions = env
+    job_id = client.post("/v1/jobs", json=TINY_JOB).json()["id"]
+    with sessions() as db:  # inputs that no longer leave a valid config (e.g. a changed cost model)
+        job = db.get(Job, job_id)
+        job.search = {**job.search, "fixed": {"tp": 3}}
+        db.commit()
+    Worker(settings).run_until_idle()
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "failed"
+    assert job["error"].startswith("no valid config to search: ") and "tp=3" in job["error"]
+    assert "Traceback" not in job["error"]
+
+
+def test_a_job_cancelled_at_the_last_moment_gets_no_configs(env):
+    settings, client, sessions = env
+    job_id = client.post("/v1/jobs", json=TINY_JOB).json()["id"]
+    worker = Worker(settings)
+    assert worker.claim() == job_id
+    client.post(f"/v1/jobs/{job_id}/cancel")
+    assert worker.run_job(job_id) == "cancelled"
+    with sessions() as db:
+        assert db.scalars(select(JobConfig).where(JobConfig.job_id == job_id)).all() == []
+    assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
