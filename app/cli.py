@@ -261,6 +261,14 @@ main.add_command(serve)
 main.add_command(worker)
 main.add_command(submit)
 
+from .commands.report import report  # noqa: E402 - the HTML job report
+
+main.add_command(report)
+
+from .commands.export import export  # noqa: E402 - training-script arguments (app/launch.py)
+
+main.add_command(export)
+
 
 if __name__ == "__main__":
     main()

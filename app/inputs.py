@@ -68,6 +68,9 @@ def read_mapping(text_or_path: str, field: str) -> dict:
 def load_model(model: str | dict, seq_length: int | None = None) -> ModelSpec:
     if isinstance(model, str) and model.lstrip().startswith("{"):
         model = read_mapping(model, "model")  # inline JSON spec
+    from .hf_config import maybe_hf  # a Hugging Face config.json (path or mapping) becomes spec fields
+
+    model = maybe_hf(model, seq_length)
     try:
         data = model_presets.spec_data(model)
     except model_presets.PresetNotFound as exc:

@@ -145,9 +145,9 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
     app.state.wake = None
     app.state.request_counts = Counter()
 
-    from app.api.routes import catalog, evaluate, health, jobs
+    from app.api.routes import catalog, evaluate, health, jobs, launch
 
-    for module in (jobs, evaluate, catalog, health):
+    for module in (jobs, launch, evaluate, catalog, health):
         app.include_router(module.router)
 
     app.mount("/static/swagger", StaticFiles(directory=str(SWAGGER_ASSETS)), name="swagger-assets")

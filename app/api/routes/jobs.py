@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
+from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from app.api.deps import api_scope, get_db, get_settings
@@ -120,3 +121,20 @@ def cancel_job(job_id: JobId, db: Session = Depends(get_db)) -> dict:
 def delete_job(job_id: JobId, db: Session = Depends(get_db), settings: Settings = Depends(get_settings)) -> Response:
     service.remove(db, service.get(db, job_id), settings.database_url)
     return Response(status_code=204)
+
+
+@router.get("/{job_id}/report", response_class=HTMLResponse, summary="The job's HTML report",
+            description="One self-contained HTML page (Plotly inlined, no network needed): the inputs, the top configs' "
+                        "time breakdown and per-stage memory against capacity, throughput against peak memory with "
+                        "the Pareto front, the optimisation history (sampler jobs: read from the job's Optuna study) "
+                        "and a table of the top configs; as `paraplan report`. 409 until the job has succeeded.",
+            responses={**NOT_FOUND,
+                       200: {"content": {"text/html": {}}, "description": "The report."},
+                       409: error_doc("The job has not succeeded (queued, running, failed or cancelled).",
+                                      ["path", "job_id"], "job 0b5c8c52-... is running: a report needs a succeeded "
+                                                          "job", "job_not_succeeded")})
+def get_report(job_id: JobId, db: Session = Depends(get_db), settings: Settings = Depends(get_settings)) -> Response:
+    from app.report import render_report
+    from app.services.report import job_result
+
+    return HTMLResponse(render_report(job_result(db, service.get(db, job_id), settings.database_url)))

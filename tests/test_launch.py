@@ -1,0 +1,332 @@
+"""Launch arguments (app/launch.py, `paraplan export`, `GET /v1/jobs/{id}/configs/{rank}/launch`).
+
+Every flag emitted must be a real argument of the framework: the lists below are copied from the
+frameworks' sources (named with their commits), and the values must be what the config says.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from app.cli import main
+from app.inputs import load_cluster, load_model
+from app.launch import flags, format_args, launch_args, layout_string, stage_tokens
+from costmodel import TrainingConfig, evaluate
+from costmodel.pipeline import parse_layout
+from search import SearchRequest, run_search
+
+from service_util import TINY_JOB, Server, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Megatron-LM argument names, copied from NVIDIA/Megatron-LM megatron/training/arguments.py at commit
+# 67f3515c8a0539d38c23f59dd8b85efdcbb3af3d (2026-01-29, the last commit that still spells every parallel
+# flag out as a literal add_argument); --micro-batch-size and --global-batch-size are generated at that
+# commit by ArgumentGroupFactory(TrainingConfig) from megatron/training/training_config.py's fields
+# micro_batch_size / global_batch_size.
+MEGATRON_ARGS = [
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+    "--context-parallel-size", "--sequence-parallel", "--recompute-granularity", "--recompute-method",
+    "--recompute-num-layers", "--recompute-modules", "--use-distributed-optimizer", "--overlap-grad-reduce",
+    "--overlap-param-gather", "--micro-batch-size", "--global-batch-size", "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers", "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split", "--pipeline-model-parallel-layout", "--tp-comm-overlap",
+    "--overlap-moe-expert-parallel-comm", "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--fp8-format",
+    "--bf16", "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+    "--group-query-attention", "--num-query-groups", "--kv-channels", "--seq-length", "--max-position-embeddings",
+    "--swiglu", "--untie-embeddings-and-output-weights", "--multi-latent-attention", "--q-lora-rank",
+    "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--num-experts",
+    "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq",
+    "--mtp-num-layers", "--vocab-size", "--padded-vocab-size",
+]
+
+# MindSpeed-LLM argument names. Megatron (core 0.12.1, which MindSpeed-LLM runs on) names as MindSpeed-LLM's
+# own recipe uses them: Ascend/MindSpeed-LLM examples/mcore/deepseek3/pretrain_deepseek3_671b_4k_ptd.sh at
+# commit c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91 (and --num-layers-per-virtual-pipeline-stage,
+# --recompute-granularity selective, --overlap-grad-reduce, --overlap-param-gather, --group-query-attention,
+# --num-query-groups, --kv-channels from the same repository's examples/mcore/*/pretrain_*.sh) ...
+MINDSPEED_MEGATRON_ARGS = [
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
+    "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--context-parallel-size",
+    "--sequence-parallel", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+    "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather", "--micro-batch-size",
+    "--global-batch-size", "--moe-token-dispatcher-type", "--moe-grouped-gemm", "--bf16", "--num-layers",
+    "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention", "--num-query-groups",
+    "--kv-channels", "--seq-length", "--max-position-embeddings", "--swiglu",
+    "--untie-embeddings-and-output-weights", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank",
+    "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--num-experts", "--moe-router-topk",
+    "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--mtp-num-layers",
+    "--vocab-size", "--padded-vocab-size",
+]
+# ... and MindSpeed's own, from Ascend/MindSpeed at commit 028de58ca629d035185b00ff7d1eb7eff4f7fd48:
+MINDSPEED_OWN_ARGS = [
+    "--use-ascend-mc2",                    # mindspeed/arguments.py _add_coc_args; features_manager/tensor_parallel/mc2.py
+    "--moe-alltoall-overlap-comm",         # mindspeed/arguments.py; features_manager/moe/moe_alltoall_overlap.py
+    "--noop-layers",                       # mindspeed/arguments.py ("Specity the noop layers.")
+    "--use-fused-rmsnorm",                 # mindspeed/arguments.py; features_manager/megatron_basic/megatron_basic.py
+    "--use-flash-attn",                    # features_manager/transformer/flash_attention/fusion_attention_v1_feature.py
+    "--recompute-norm",                    # features_manager/recompute/norm_function.py
+    "--recompute-activation-function",     # features_manager/recompute/activation_function.py
+    "--fp8-format",                        # Megatron's, documented for MindSpeed in docs/zh/features/transformer_engine.md
+]
+MINDSPEED_ARGS = MINDSPEED_MEGATRON_ARGS + MINDSPEED_OWN_ARGS
+
+
+@pytest.fixture(scope="module")
+def pangu():
+    return load_model("pangu-ultra-moe-718b")
+
+
+@pytest.fixture(scope="module")
+def pangu_best(pangu):
+    res = run_search(SearchRequest(spec=pangu, profile=load_cluster("ascend-910b"), devices=6144,
+                                   global_batch_size=7680, sampler="tpe", n_trials=100, seed=1))
+    return res["best"]["config"]
+
+
+def _one(f: dict, key: str) -> str:
+    assert len(f[key]) == 1, (key, f[key])
+    return f[key][0]
+
+
+def check_common(tokens: list[str], cfg: dict, known: list[str]) -> dict:
+    """Every flag known; the parallel sizes and batch values those of the config."""
+    f = flags(tokens)
+    unknown = [k for k in f if k not in known]
+    assert not unknown, f"flags not in the framework's list: {unknown}"
+    c = TrainingConfig.model_validate(cfg)
+    assert _one(f, "--tensor-model-parallel-size") == str(c.tp)
+    assert _one(f, "--pipeline-model-parallel-size") == str(c.pp)
+    assert _one(f, "--context-parallel-size") == str(c.cp)
+    assert _one(f, "--expert-model-parallel-size") == str(c.ep)
+    assert _one(f, "--expert-tensor-parallel-size") == str(c.etp)
+    assert _one(f, "--micro-batch-size") == str(c.micro_batch_size)
+    assert _one(f, "--global-batch-size") == str(c.global_batch_size)
+    assert ("--sequence-parallel" in f) == c.sp
+    assert ("--use-distributed-optimizer" in f) == c.distributed_optimizer
+    assert "--bf16" in f
+    assert ("--fp8-format" in f) == (c.precision == "fp8")
+    if c.recompute == "none":
+        assert "--recompute-granularity" not in f
+    elif c.recompute == "full":
+        assert _one(f, "--recompute-granularity") == "full"
+    return f
+
+
+def megatron_vpp(f: dict, spec, cfg: TrainingConfig) -> int:
+    """The vpp Megatron derives from the flags (megatron/training/arguments.py validate_args)."""
+    if "--pipeline-model-parallel-layout" in f:
+        return len(parse_layout(_one(f, "--pipeline-model-parallel-layout"))) // cfg.pp
+    if "--num-virtual-stages-per-pipeline-rank" in f:
+        return int(_one(f, "--num-virtual-stages-per-pipeline-rank"))
+    slots = spec.num_layers + ("--account-for-embedding-in-pipeline-split" in f) + \
+        ("--account-for-loss-in-pipeline-split" in f)
+    assert slots % cfg.pp == 0
+    return slots // cfg.pp // int(_one(f, "--num-layers-per-virtual-pipeline-stage"))
+
+
+def check_megatron(spec, cfg: dict) -> dict:
+    tokens = launch_args(cfg, spec, "megatron")
+    f = check_common(tokens, cfg, MEGATRON_ARGS)
+    c = TrainingConfig.model_validate(cfg)
+    assert megatron_vpp(f, spec, c) == c.vpp
+    assert _one(f, "--num-layers") == str(spec.num_layers)
+    if c.recompute == "selective":
+        assert _one(f, "--recompute-granularity") == "selective"
+        assert f["--recompute-modules"] == (c.recompute_modules or ["core_attn"])
+    # the split Megatron runs is the cost model's: a layout states it, or the flags give the same counts
+    if "--pipeline-model-parallel-layout" in f:
+        assert parse_layout(_one(f, "--pipeline-model-parallel-layout")) == stage_tokens(c, spec)
+    assert ("--tp-comm-overlap" in f) == c.tp_comm_overlap
+    assert ("--overlap-moe-expert-parallel-comm" in f) == (c.moe_a2a_overlap and spec.is_moe)
+    return f
+
+
+def check_mindspeed(spec, cfg: dict) -> dict:
+    tokens = launch_args(cfg, spec, "mindspeed")
+    f = check_common(tokens, cfg, MINDSPEED_ARGS)
+    c = TrainingConfig.model_validate(cfg)
+    layers = int(_one(f, "--num-layers"))
+    stages = c.pp * c.vpp
+    assert layers % stages == 0 and layers >= spec.num_layers
+    noop = [int(x) for x in _one(f, "--noop-layers").split(",")] if "--noop-layers" in f else []
+    assert layers - len(noop) == spec.num_layers
+    per = layers // stages
+    if c.vpp > 1:
+        assert _one(f, "--num-layers-per-virtual-pipeline-stage") == str(per)
+    # real (non-noop) layers per virtual stage are the cost model's counts
+    counts = [sum(1 for i in range(v * per, (v + 1) * per) if i not in noop) for v in range(stages)]
+    assert counts == [t.count("t") for t in stage_tokens(c, spec)]
+    assert ("--use-ascend-mc2" in f) == c.tp_comm_overlap
+    assert ("--moe-alltoall-overlap-comm" in f) == (c.moe_a2a_overlap and spec.is_moe)
+    if spec.is_moe and isinstance(spec.moe_layer_freq, list):
+        pattern = eval(_one(f, "--moe-layer-freq"))  # noqa: S307 - Megatron evaluates this expression too
+        assert len(pattern) == layers and [pattern[i] for i in range(layers) if i not in noop] == spec.moe_layer_freq
+    return f
+
+
+def test_pangu_best_config(pangu, pangu_best):
+    f = check_megatron(pangu, pangu_best)
+    assert "--multi-latent-attention" in f and _one(f, "--num-experts") == "256"
+    assert _one(f, "--moe-layer-freq") == "([0]*3+[1]*58)"
+    assert _one(f, "--mtp-num-layers") == "1" and _one(f, "--q-lora-rank") == "1536"
+    check_mindspeed(pangu, pangu_best)
+
+
+def test_pangu_example_config(pangu):
+    cfg = json.loads((ROOT / "examples" / "pangu-ultra-moe-6144.json").read_text())
+    f = check_megatron(pangu, cfg)
+    # 61 layers + embedding + loss over pp·vpp = 32 virtual stages does not divide: a layout states it
+    assert "--pipeline-model-parallel-layout" in f
+    m = check_mindspeed(pangu, cfg)
+    assert "--use-ascend-mc2" in m and "--moe-alltoall-overlap-comm" in m
+    assert "--recompute-norm" in m  # layernorm; mla_up_proj and moe have no MindSpeed-LLM flag
+
+
+def test_dense_llama_with_vpp():
+    spec = load_model("llama3-70b")
+    cfg = {"tp": 8, "pp": 4, "vpp": 5, "micro_batch_size": 1, "global_batch_size": 1024, "recompute": "selective"}
+    f = check_megatron(spec, cfg)
+    assert _one(f, "--num-layers-per-virtual-pipeline-stage") == "4"
+    assert _one(f, "--num-query-groups") == "8" and "--group-query-attention" in f
+    assert "--num-experts" not in f and "--moe-token-dispatcher-type" not in f
+    m = check_mindspeed(spec, cfg)
+    assert "--noop-layers" not in m and _one(m, "--num-layers") == "80"
+
+
+def test_deepseek_layout_config():
+    spec = load_model("deepseek-v3-671b")
+    cfg = {"tp": 2, "pp": 16, "vpp": 2, "ep": 64, "micro_batch_size": 1, "global_batch_size": 4096,
+           "pipeline_layout": "Et|(tt|)*30mL", "recompute": "full", "moe_a2a_overlap": True}
+    res = evaluate(spec, load_cluster("nvidia-h100-80gb"), 2048, TrainingConfig(**cfg))
+    assert res["step_time_s"] is not None, res["infeasible_reasons"]  # a structurally valid split
+    f = check_megatron(spec, cfg)
+    assert _one(f, "--pipeline-model-parallel-layout") == "Et|(tt|)*30mL"
+    assert "--num-virtual-stages-per-pipeline-rank" not in f  # Megatron forbids it with a layout
+    assert f["--recompute-method"] == ["uniform"] and f["--recompute-num-layers"] == ["1"]
+    m = check_mindspeed(spec, cfg)
+    assert _one(m, "--num-layers") == "64"  # 32 virtual stages of 2, three of them padded
+
+
+def test_uneven_spread_and_first_last():
+    spec = load_model("deepseek-v3-671b")
+    even = {"tp": 2, "pp": 16, "ep": 64, "global_batch_size": 4096, "recompute": "full", "recompute_num_layers": 2}
+    f = check_megatron(spec, even)
+    assert parse_layout(_one(f, "--pipeline-model-parallel-layout")) == stage_tokens(TrainingConfig(**even), spec)
+    assert f["--recompute-method"] == ["block"] and f["--recompute-num-layers"] == ["2"]
+    check_mindspeed(spec, even)
+    fl = {"tp": 2, "pp": 8, "vpp": 2, "ep": 64, "global_batch_size": 4096, "first_stage_layers": 7,
+          "last_stage_layers": 6}
+    f = check_megatron(spec, fl)
+    assert _one(f, "--decoder-first-pipeline-num-layers") == "7"
+    assert _one(f, "--decoder-last-pipeline-num-layers") == "6"
+    check_mindspeed(spec, fl)
+
+
+def test_fp8_and_defaults():
+    spec = load_model("llama3-70b")
+    cfg = {"tp": 4, "pp": 2, "global_batch_size": 512, "precision": "fp8", "tp_comm_overlap": True,
+           "distributed_optimizer": False}
+    f = check_megatron(spec, cfg)
+    assert f["--fp8-format"] == ["hybrid"] and "--tp-comm-overlap" in f
+    assert "--overlap-param-gather" not in f  # Megatron asserts it needs the distributed optimizer
+    assert _one(f, "--num-virtual-stages-per-pipeline-rank") == "1"
+    assert f["--expert-tensor-parallel-size"] == ["1"]  # always: Megatron's default would be tp
+    check_mindspeed(spec, cfg)
+
+
+def test_layout_string_round_trip(pangu):
+    tokens = stage_tokens(TrainingConfig(tp=8, pp=16, vpp=2, global_batch_size=7680,
+                                         account_for_embedding_in_pipeline_split=True,
+                                         account_for_loss_in_pipeline_split=True), pangu)
+    assert parse_layout(layout_string(tokens)) == tokens
+    assert math.fsum(t.count("t") for t in tokens) == 61
+
+
+def test_format_args_one_flag_per_line(pangu, pangu_best):
+    text = format_args(launch_args(pangu_best, pangu, "megatron"))
+    lines = text.rstrip("\n").split(" \\\n")
+    assert all(line.startswith("--") for line in lines)
+    assert '--moe-layer-freq "([0]*3+[1]*58)"' in lines
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def result_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("export") / "result.json"
+    res = CliRunner().invoke(main, ["search", "--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices",
+                                    "8", "--global-batch-size", "64", "--sampler", "exhaustive", "--top", "3",
+                                    "--json"])
+    assert res.exit_code == 0, res.output
+    path.write_text(res.stdout)
+    return path
+
+
+def test_export_cli(result_file):
+    result = json.loads(result_file.read_text())
+    spec = load_model(result["inputs"]["model"])
+    for fmt in ("megatron", "mindspeed"):
+        res = CliRunner().invoke(main, ["export", "--format", fmt, "--rank", "2", str(result_file)])
+        assert res.exit_code == 0, res.output
+        assert res.stdout == format_args(launch_args(result["top"][1]["config"], spec, fmt))
+    res = CliRunner().invoke(main, ["export", "--format", "megatron", str(result_file)])
+    assert res.stdout == format_args(launch_args(result["best"]["config"], spec, "megatron"))
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--format", "megatron", "--rank", "9", "RESULT"], "rank"),
+    (["--format", "megatron", "--rank", "0", "RESULT"], "rank"),
+    (["--format", "megatron", "missing.json"], "RESULT.json"),
+    (["--format", "megatron", "BAD"], "inputs.model"),
+    (["--format", "megatron", "NOTJSON"], "RESULT.json"),
+    (["--format", "nope", "RESULT"], "format"),
+])
+def test_export_cli_errors(result_file, tmp_path, args, field):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"top": []}))
+    notjson = tmp_path / "not.json"
+    notjson.write_text("{")
+    subst = {"RESULT": str(result_file), "BAD": str(bad), "NOTJSON": str(notjson)}
+    res = CliRunner().invoke(main, ["export", *[subst.get(a, a) for a in args]])
+    assert res.exit_code == 2, res.output
+    assert field in res.output
+
+
+# ---- HTTP ----------------------------------------------------------------------------------------
+
+def test_launch_route(tmp_path):
+    srv = Server(tmp_path / "p.db", tmp_path / "serve.log").start()
+    try:
+        with srv.client() as c:
+            job = c.post("/v1/jobs", json=TINY_JOB).raise_for_status().json()
+            assert wait_for(c, job["id"])["status"] == "succeeded"
+            spec = load_model(c.get(f"/v1/jobs/{job['id']}").json()["inputs"]["model"])
+            configs = c.get(f"/v1/jobs/{job['id']}/configs").json()["items"]
+            for fmt in ("megatron", "mindspeed"):
+                r = c.get(f"/v1/jobs/{job['id']}/configs/2/launch", params={"format": fmt})
+                assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+                assert r.text == format_args(launch_args(configs[1]["config"], spec, fmt))
+            assert c.get(f"/v1/jobs/{job['id']}/configs/99/launch").status_code == 404
+            assert c.get("/v1/jobs/00000000-0000-4000-8000-000000000000/configs/1/launch").status_code == 404
+            assert c.get(f"/v1/jobs/{job['id']}/configs/1/launch", params={"format": "x"}).status_code == 422
+            doc = c.get("/openapi.json").json()["paths"]["/v1/jobs/{job_id}/configs/{rank}/launch"]["get"]
+            assert {"404", "422"} <= set(doc["responses"])
+            assert "text/plain" in doc["responses"]["200"]["content"]
+        # the CLI's --server path prints the same text
+        res = CliRunner().invoke(main, ["export", "--format", "megatron", "--rank", "2", "--server", srv.url,
+                                        "--job", job["id"]])
+        assert res.exit_code == 0, res.output
+        assert res.stdout == format_args(launch_args(configs[1]["config"], spec, "megatron"))
+        res = CliRunner().invoke(main, ["export", "--format", "megatron", "--rank", "99", "--server", srv.url,
+                                        "--job", job["id"]])
+        assert res.exit_code == 2 and "rank" in res.output
+    finally:
+        srv.stop()
+

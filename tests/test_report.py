@@ -1,0 +1,207 @@
+"""The job report (``app/report.py``): from real small searches, self-contained (no http(s) script or
+stylesheet), four plots that Plotly really draws in headless Chromium with no network; ``paraplan
+report`` (file and ``--server``) and ``GET /v1/jobs/{id}/report`` (history read back from the Optuna
+study, whose name the README documents)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import warnings
+
+import pytest
+
+warnings.filterwarnings("ignore", message=".*httpx2.*")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from app.core.config import Settings  # noqa: E402
+from app.main import create_app  # noqa: E402
+from app.report import PLOT_IDS, ReportError, render_report  # noqa: E402
+from app.worker import Worker, optuna_storage  # noqa: E402
+from service_util import ROOT, run_cli  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import report_screenshot as shot  # noqa: E402
+
+sys.path.pop(0)
+
+SMALL = dict(model="tiny-moe", cluster="nvidia-h100-80gb", devices=16, gbs=64, trials=60, seed=3)
+SMALL_JOB = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 16, "global_batch_size": 64,
+             "search": {"sampler": "tpe", "n_trials": 60, "seed": 3}}
+EXTERNAL = re.compile(r"<(?:script|link|img|iframe)\b[^>]*\b(?:src|href)\s*=\s*[\"']?\s*(?:https?:)?//", re.I)
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {s: shot.search_result(SMALL["model"], SMALL["cluster"], SMALL["devices"], SMALL["gbs"], s,
+                                  SMALL["trials"], SMALL["seed"]) for s in ("tpe", "nsga2", "exhaustive")}
+
+
+@pytest.fixture(scope="module")
+def pages(results, tmp_path_factory):
+    d = tmp_path_factory.mktemp("reports")
+    out = {}
+    for sampler, result in results.items():
+        out[sampler] = d / f"{sampler}.html"
+        out[sampler].write_text(render_report(result), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    if shot.chromium() is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs it with apt-get)")
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    return shot.chromium()
+
+
+def _figures(page: str) -> dict:
+    m = re.search(r'<script id="paraplan-figures" type="application/json">(.*?)</script>', page, re.S)
+    return json.loads(m.group(1))
+
+
+def test_search_results_carry_what_the_report_plots(results):
+    for sampler, r in results.items():
+        assert r["top"], sampler
+        for e in r["top"]:
+            mem = e["evaluation"]["memory"]
+            assert mem["per_stage_peak_gib"] and mem["capacity_gib"] > 0, sampler
+            assert set(e["evaluation"]["time"]) >= {"compute_s", "tp_comm_s", "pp_bubble_s"}
+    assert len(results["tpe"]["history"]) == SMALL["trials"]
+    assert results["nsga2"]["pareto"]
+    assert "history" not in results["exhaustive"]
+
+
+def test_report_is_self_contained_with_four_plots(pages):
+    for sampler, path in pages.items():
+        page = path.read_text()
+        assert not EXTERNAL.search(page), sampler
+        assert "cdn" not in "".join(re.findall(r"<script\b[^>]*>", page)).lower()
+        for pid in PLOT_IDS:
+            assert f'<div id="{pid}" class="plot">' in page, (sampler, pid)
+        assert 3_000_000 < len(page) < 8_000_000  # plotly.min.js inlined, and not much else
+        figs = _figures(page)
+        assert set(figs) == set(PLOT_IDS)
+        parts = {t["name"] for t in figs["plot-time"]["data"]}
+        assert "compute_s" in parts and all(p.endswith("_s") for p in parts)
+        mem = figs["plot-memory"]["data"]
+        assert any(t["name"].startswith("capacity") for t in mem) and any(t["name"] == "#1" for t in mem)
+        assert "tiny-moe" in page and "nvidia-h100-80gb" in page and "Top 10 configs" in page
+    tpe, nsga, exh = (_figures(pages[s].read_text()) for s in ("tpe", "nsga2", "exhaustive"))
+    assert tpe["plot-history"]["layout"]["title"]["text"].startswith(f"Optimisation history: {SMALL['trials']} trials")
+    assert "NSGA-II" in nsga["plot-pareto"]["layout"]["title"]["text"]
+    assert "top configs" in tpe["plot-pareto"]["layout"]["title"]["text"]
+    assert "No trial history (exhaustive" in exh["plot-history"]["layout"]["title"]["text"]
+    best = [t for t in tpe["plot-history"]["data"] if t["name"] == "best so far"][0]["y"]
+    assert best == sorted(best)  # best so far never falls
+
+
+def test_pareto_front_of_the_top_configs():
+    from app.report import pareto_front
+
+    pts = [(100.0, 50.0, 0), (90.0, 40.0, 1), (95.0, 60.0, 2), (80.0, 40.0, 3), (120.0, 70.0, 4)]
+    assert pareto_front(pts) == [1, 0, 4]
+
+
+def test_plotly_renders_four_plots_in_headless_chromium_with_no_network(chromium, pages, tmp_path):
+    for sampler in ("tpe", "nsga2"):
+        dom = shot.rendered_dom(pages[sampler])
+        assert dom.count('class="main-svg"') >= 4, sampler
+        for pid, nxt in zip(PLOT_IDS, PLOT_IDS[1:] + ("</body>",)):
+            chunk = dom[dom.index(f'id="{pid}"'):]
+            chunk = chunk[:chunk.index(nxt)] if nxt in chunk else chunk
+            assert 'class="main-svg"' in chunk, (sampler, pid)  # this plot was drawn
+        assert "Optimisation history" in dom and "Step time by part" in dom
+    png = shot.screenshot(pages["nsga2"], tmp_path / "report.png")
+    width, height, rows = shot.read_png(png)
+    assert (width, height) == shot.WINDOW
+    assert len(set(rows)) > 200  # not blank
+
+
+def test_report_command_writes_the_html_and_names_bad_fields(results, tmp_path):
+    src = tmp_path / "result.json"
+    src.write_text(json.dumps(results["tpe"]))
+    out = tmp_path / "r.html"
+    proc = run_cli("report", str(src), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert all(f'id="{pid}"' in out.read_text() for pid in PLOT_IDS)
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"top": [{"rank": 1, "config": {}, "evaluation": {"time": {}}}]}))
+    proc = run_cli("report", str(bad), "-o", str(tmp_path / "x.html"))
+    assert proc.returncode == 2 and "top[0].evaluation.feasible" in proc.stderr
+    bad.write_text("{}")
+    proc = run_cli("report", str(bad), "-o", str(tmp_path / "x.html"))
+    assert proc.returncode == 2 and "top:" in proc.stderr
+    bad.write_text("not json")
+    proc = run_cli("report", str(bad), "-o", str(tmp_path / "x.html"))
+    assert proc.returncode == 2 and "RESULT.json" in proc.stderr
+    proc = run_cli("report", "-o", str(tmp_path / "x.html"))
+    assert proc.returncode == 2
+    with pytest.raises(ReportError) as exc:
+        render_report({"top": "x"})
+    assert exc.value.field == "top"
+
+
+def test_service_report_404_409_and_history_from_the_study(tmp_path):
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'report.db'}", embedded_worker=False)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/v1/jobs/0b5c8c52-3c2e-4a53-9f43-3f3f7f2a8f10/report").status_code == 404
+        assert client.get("/v1/jobs/not-a-uuid/report").status_code == 404
+        job = client.post("/v1/jobs", json=SMALL_JOB).json()
+        exh = client.post("/v1/jobs", json={**SMALL_JOB, "devices": 8, "search": {"sampler": "exhaustive"}}).json()
+        r = client.get(f"/v1/jobs/{job['id']}/report")
+        assert r.status_code == 409 and r.json()["detail"][0]["loc"] == ["path", "job_id"]
+        assert Worker(settings).run_until_idle() == 2
+
+        r = client.get(f"/v1/jobs/{job['id']}/report")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        page = r.text
+        assert not EXTERNAL.search(page) and all(f'id="{pid}"' in page for pid in PLOT_IDS)
+        figs = _figures(page)
+        title = figs["plot-history"]["layout"]["title"]["text"]
+        assert title.startswith(f"Optimisation history: {SMALL_JOB['search']['n_trials']} trials"), title
+        assert job["id"] in page
+        ranks = client.get(f"/v1/jobs/{job['id']}/configs").json()["items"]
+        assert figs["plot-time"]["data"][0]["x"] == [f"#{c['rank']}" for c in ranks[:10]]
+
+        page = client.get(f"/v1/jobs/{exh['id']}/report").text
+        assert "No trial history (exhaustive" in _figures(page)["plot-history"]["layout"]["title"]["text"]
+        assert "/v1/jobs/{job_id}/report" in client.get("/openapi.json").json()["paths"]
+
+        # the README's Optuna dashboard section: the study is `paraplan-job-<job id>` in DATABASE_URL
+        import optuna
+
+        readme = (ROOT / "README.md").read_text()
+        assert "`paraplan-job-<job id>`" in readme and "optuna-dashboard $DATABASE_URL" in readme
+        names = optuna.get_all_study_names(optuna_storage(settings.database_url))
+        assert f"paraplan-job-{job['id']}" in names
+
+        # a study that is gone: the report still renders and says why there is no history
+        optuna.delete_study(study_name=f"paraplan-job-{job['id']}", storage=optuna_storage(settings.database_url))
+        title = _figures(client.get(f"/v1/jobs/{job['id']}/report").text)["plot-history"]["layout"]["title"]["text"]
+        assert "study is not in the database" in title
+
+
+def test_report_command_from_a_server(tmp_path):
+    from service_util import Server, wait_for
+
+    srv = Server(tmp_path / "srv.db", tmp_path / "serve.log").start()
+    try:
+        with srv.client() as c:
+            job = c.post("/v1/jobs", json={**SMALL_JOB, "devices": 8, "search": {"sampler": "exhaustive"}}).json()
+            wait_for(c, job["id"], timeout=60)
+        out = tmp_path / "job.html"
+        proc = run_cli("report", "--server", srv.url, "--job", job["id"], "-o", str(out))
+        assert proc.returncode == 0, proc.stderr
+        assert all(f'id="{pid}"' in out.read_text() for pid in PLOT_IDS)
+        proc = run_cli("report", "--server", srv.url, "--job", "0b5c8c52-3c2e-4a53-9f43-3f3f7f2a8f10", "-o",
+                       str(tmp_path / "x.html"))
+        assert proc.returncode == 2 and "job" in proc.stderr and "404" in proc.stderr
+    finally:
+        srv.stop()
+
