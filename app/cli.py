@@ -18,6 +18,7 @@ from costmodel.runtime import tune_allocator
 from search import ENGINES, SearchRequest, SpaceError, run_search, validate_fixed
 from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
 
+from .describe import config_brief
 from .inputs import InputError, check_devices, load_cluster, load_config, load_model
 from .validation import read_runs, score_runs
 
@@ -155,23 +156,6 @@ def _parse_fix(items: tuple[str, ...]) -> dict:
     return fixed
 
 
-def _config_brief(cfg: dict) -> str:
-    keys = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch_size", "recompute")
-    text = " ".join(f"{k.replace('micro_batch_size', 'mbs')}={cfg[k]}" for k in keys if k in cfg)
-    if cfg.get("recompute") == "selective":
-        text += f"({'+'.join(cfg.get('recompute_modules') or ['core_attn'])})"
-    if cfg.get("recompute") == "full" and cfg.get("recompute_num_layers"):
-        text += f"({cfg['recompute_num_layers']} layers)"
-    flags = [f for f in ("tp_comm_overlap", "moe_a2a_overlap") if cfg.get(f)]
-    if not cfg.get("distributed_optimizer", True):
-        flags.append("no-distopt")
-    split = [k for k in ("first_stage_layers", "last_stage_layers") if k in cfg]
-    if cfg.get("account_for_embedding_in_pipeline_split"):
-        flags.append("emb/loss-slots")
-    flags += [f"{k.split('_')[0]}={cfg[k]}" for k in split]
-    return text + (" " + " ".join(flags) if flags else "")
-
-
 def _search_table(result: dict) -> None:
     out.print(f"engine [b]{result['engine']}[/b] · space {result['space_size']:,} configs · "
               f"{result['trials']:,} scored · {result['feasible_trials']:,} feasible · "
@@ -182,7 +166,7 @@ def _search_table(result: dict) -> None:
         t.add_column(col, justify=just, overflow="fold")
     for e in result["top"]:
         ev = e["evaluation"]
-        t.add_row(str(e["rank"]), _config_brief(e["config"]), f"{ev['tokens_per_s_per_device']:,.1f}",
+        t.add_row(str(e["rank"]), config_brief(e["config"]), f"{ev['tokens_per_s_per_device']:,.1f}",
                   f"{ev['mfu']:.3f}", f"{ev['step_time_s']:.2f}", f"{ev['memory']['peak_gib']:.1f}")
     out.print(t)
 
@@ -237,7 +221,7 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
         _search_table(result)
     if result["best"] is None:
         smallest = result.get("smallest_peak_gib")
-        where = (f": the smallest peak found is {smallest:.1f} GiB at {_config_brief(result['smallest_peak_config'])}"
+        where = (f": the smallest peak found is {smallest:.1f} GiB at {config_brief(result['smallest_peak_config'])}"
                  if smallest is not None else ": no structurally valid config was found")
         err.print(f"[red]no config fits in {profile.fact('memory_gib'):g} GiB[/red]{where}", highlight=False)
         sys.exit(EXIT_NO_FIT)

@@ -22,6 +22,7 @@ import html
 import json
 import math
 from functools import lru_cache
+from .describe import config_brief
 
 PLOT_IDS = ("plot-time", "plot-memory", "plot-pareto", "plot-history")
 TIME_PARTS = ("compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "pp_p2p_s",
@@ -85,19 +86,6 @@ def _num(x) -> float | None:
 def _fmt(x, spec: str) -> str:
     v = _num(x)
     return "—" if v is None else format(v, spec)
-
-
-def config_brief(cfg: dict) -> str:
-    keys = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch_size", "recompute")
-    text = " ".join(f"{k.replace('micro_batch_size', 'mbs')}={cfg[k]}" for k in keys if k in cfg)
-    if cfg.get("recompute") == "selective":
-        text += f"({'+'.join(cfg.get('recompute_modules') or ['core_attn'])})"
-    if cfg.get("recompute") == "full" and cfg.get("recompute_num_layers"):
-        text += f"({cfg['recompute_num_layers']} layers)"
-    flags = [f for f in ("tp_comm_overlap", "moe_a2a_overlap") if cfg.get(f)]
-    if cfg.get("distributed_optimizer") is False:
-        flags.append("no-distopt")
-    return text + (" " + " ".join(flags) if flags else "")
 
 
 def _capacity(top: list[dict]) -> float | None:

@@ -1,0 +1,19 @@
+"""Short human-readable descriptions shared by the CLI tables and the HTML report."""
+
+
+def config_brief(cfg: dict) -> str:
+    """One line naming a config's layout, recompute and the flags that differ from the defaults."""
+    keys = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch_size", "recompute")
+    text = " ".join(f"{k.replace('micro_batch_size', 'mbs')}={cfg[k]}" for k in keys if k in cfg)
+    if cfg.get("recompute") == "selective":
+        text += f"({'+'.join(cfg.get('recompute_modules') or ['core_attn'])})"
+    if cfg.get("recompute") == "full" and cfg.get("recompute_num_layers"):
+        text += f"({cfg['recompute_num_layers']} layers)"
+    flags = [f for f in ("tp_comm_overlap", "moe_a2a_overlap") if cfg.get(f)]
+    if not cfg.get("distributed_optimizer", True):
+        flags.append("no-distopt")
+    split = [k for k in ("first_stage_layers", "last_stage_layers") if k in cfg]
+    if cfg.get("account_for_embedding_in_pipeline_split"):
+        flags.append("emb/loss-slots")
+    flags += [f"{k.split('_')[0]}={cfg[k]}" for k in split]
+    return text + (" " + " ".join(flags) if flags else "")
