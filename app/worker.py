@@ -1,24 +1,30 @@
-"""The job worker: claims one queued job at a time under a lease, runs the search, writes the result.
+"""The job worker: claims a job under a lease, runs its search, writes the result.
 
-* Claim: a conditional UPDATE (``queued`` -> ``running``) that only one worker can win, recording the
-  worker as lease owner until ``now + lease_s``. A ``running`` job whose lease has expired (its worker
-  died), or whose owner is a dead process on this host, is claimed again; after
-  ``max_attempts`` claims it fails.
-* While the search runs, a heartbeat thread writes the progress (trials done / total) and renews the
-  lease every half second with a conditional UPDATE; when that finds the job no longer ``running``
-  under this worker (cancelled or deleted through the API), the search's progress callback raises
-  :class:`Cancelled` at its next call (within about a second) and nothing is written.
-* At the end the status, the summary and the ranked configs are written in one transaction, again
-  only if the job is still this worker's.
-* A worker asked to stop (SIGTERM) interrupts the search at its next progress call and puts the job
-  back to ``queued``: nothing accepted is ever lost.
-
-Sampler jobs keep their Optuna study in the same database (``paraplan-job-<id>``).
+* Claim: one transaction that locks candidate jobs with ``SELECT … FOR UPDATE SKIP LOCKED`` (on
+  PostgreSQL; SQLite serialises writers anyway), picks the oldest job that is queued, or running with
+  fewer live leases than its ``search.parallel_workers``, inserts this worker's row in ``job_leases``
+  (expiring ``lease_s`` from now) and bumps ``jobs.attempts`` conditionally on the value it read, so
+  that two claimers can never both win. Leases that ran out (their worker died), or whose worker is a
+  dead process on this host, are dropped on the way and counted in ``jobs.leases_lost``; after
+  ``max_attempts`` lost leases a job with no live worker fails.
+* While the search runs, a thread renews the lease and writes the progress every half second; when the
+  job is no longer ``running`` or the lease is gone (cancelled, deleted, finished by another worker),
+  the search's progress callback raises :class:`Cancelled` at its next call and nothing is written.
+* Sampler jobs run their Optuna study (``paraplan-job-<id>``, in the same database) through
+  ``search.samplers.run_sampler``: every worker of the job adds trials to the same study until it holds
+  ``n_trials`` finished trials, and a worker taking over a job after a crash continues the study (the
+  dead worker's unfinished trials are failed by Optuna's heartbeat check and run again).
+* At the end the status, the summary and the ranked configs are written in one transaction, only by a
+  worker that still holds a lease on the still-running job: the first finisher writes, the others
+  find the job finished.
+* A worker asked to stop (SIGTERM) stops at its next progress call and drops its lease; a job left
+  with no worker goes back to ``queued`` (its study is kept): nothing accepted is ever lost.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import os
 import socket
@@ -27,15 +33,16 @@ import time
 import uuid
 from functools import lru_cache
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import case, delete, exists, select, update
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from app.core.config import Settings, get_settings
 from app.db.engine import engine_kwargs, get_sessionmaker, is_sqlite, tune_sqlite
-from app.db.models import Job, JobConfig, utcnow
+from app.db.models import Job, JobConfig, JobLease, utcnow
 from costmodel import ClusterProfile, ModelSpec
 
 log = logging.getLogger("paraplan.worker")
+CLAIM_CANDIDATES = 50  # jobs looked at per claim (locked and skipped by the others on PostgreSQL)
 
 
 class Cancelled(Exception):
@@ -46,15 +53,24 @@ class Interrupted(Exception):
     """The worker is stopping; the job goes back to the queue."""
 
 
-@lru_cache(maxsize=4)
-def optuna_storage(url: str):
-    """Optuna's RDB storage on the service database (its own tables and its own ``alembic_version``)."""
-    import optuna
+@lru_cache(maxsize=8)
+def optuna_storage(url: str, heartbeat_s: int | None = None, grace_s: int | None = None):
+    """Optuna's RDB storage on the service database (its own tables and its own ``alembic_version``);
+    with ``heartbeat_s`` the trials carry Optuna's heartbeat and a trial whose worker died is failed
+    after ``grace_s`` s and run again (``search.storages.open_rdb_storage``)."""
+    from search.storages import open_rdb_storage
 
     kwargs = engine_kwargs(url) if is_sqlite(url) else {"pool_pre_ping": True}
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    storage = open_rdb_storage(url, heartbeat_s, grace_s, engine_kwargs=kwargs)
     tune_sqlite(storage.engine)
     return storage
+
+
+def safe_url(url: str) -> str:
+    """A database URL fit for a log line (its password hidden)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def _job_update(*where):
@@ -101,7 +117,7 @@ class Worker:
 
     # ---- the loop -------------------------------------------------------------------------------
     def run_forever(self) -> None:
-        log.info("worker %s started on %s", self.owner, self.url)
+        log.info("worker %s started on %s", self.owner, safe_url(self.url))
         while not self.stop_event.is_set():
             try:
                 job_id = self.claim()
@@ -132,55 +148,84 @@ class Worker:
         return n
 
     # ---- claiming -------------------------------------------------------------------------------
-    def _reclaimable(self, job: Job, now: dt.datetime) -> bool:
-        if job.status != "running":
-            return job.status == "queued"
-        if job.lease_expires_at is None or job.lease_expires_at < now:
+    def _expired(self, lease: JobLease, now: dt.datetime) -> bool:
+        """Ran out, or held by a process of this host that no longer exists (a restarted server takes
+        its job back at once instead of waiting for the lease to run out)."""
+        if lease.expires_at < now:
             return True
-        host, _, rest = (job.lease_owner or "").partition(":")
+        host, _, rest = lease.worker.partition(":")
         pid = rest.partition(":")[0]
         return host == self.host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
 
     def claim(self) -> str | None:
-        """Claim the oldest claimable job; None when there is none."""
+        """Claim the first claimable job (running jobs that want more workers first, then the oldest
+        queued); None when there is none."""
         now = utcnow()
         with self._sessions() as db:
-            candidates = db.scalars(
-                select(Job).where(or_(Job.status == "queued", Job.status == "running"))
-                .order_by(Job.status.desc(), Job.created_at).limit(50)).all()  # running (stale) first
-            for job in candidates:
-                if not self._reclaimable(job, now):
-                    continue
-                was, prev_owner = job.status, job.lease_owner
-                same = (Job.status == "queued") if was == "queued" else and_(
-                    Job.status == "running", Job.lease_owner == prev_owner,
-                    Job.lease_expires_at == job.lease_expires_at)
-                if was == "running" and job.attempts >= self.settings.max_attempts:
-                    db.execute(_job_update(Job.id == job.id, same).values(
-                        status="failed", finished_at=now, updated_at=now, lease_owner=None, lease_expires_at=None,
-                        error=f"the job's worker stopped {job.attempts} times while running it (lost lease); "
-                              "giving up"))
+            rows = db.execute(
+                select(Job.id, Job.status, Job.search, Job.attempts, Job.leases_lost)
+                .where(Job.status.in_(("queued", "running")))
+                .order_by(Job.status.desc(), Job.created_at).limit(CLAIM_CANDIDATES)
+                .with_for_update(skip_locked=True)).all()
+            running = [r.id for r in rows if r.status == "running"]
+            leases: dict[str, list[JobLease]] = {}
+            if running:
+                for lease in db.scalars(select(JobLease).where(JobLease.job_id.in_(running))):
+                    leases.setdefault(lease.job_id, []).append(lease)
+            for row in rows:
+                if self._try_claim(db, row, leases.get(row.id, []), now):
                     db.commit()
-                    continue
-                res = db.execute(_job_update(Job.id == job.id, same).values(
-                    status="running", lease_owner=self.owner,
-                    lease_expires_at=now + dt.timedelta(seconds=self.settings.lease_s),
-                    started_at=now, updated_at=now, trials_done=0, attempts=Job.attempts + 1))
-                db.commit()
-                if res.rowcount == 1:
-                    if was == "running":
-                        log.warning("job %s: reclaimed from %s (lease lost)", job.id, prev_owner)
-                    return job.id
+                    return row.id
+            db.commit()  # lost leases dropped and given-up jobs failed on the way; row locks released
         return None
 
+    def _try_claim(self, db, row, leases: list[JobLease], now: dt.datetime) -> bool:
+        """Claim ``row`` in the open transaction if it has room for this worker."""
+        lost = [lease for lease in leases if self._expired(lease, now)]
+        live = len(leases) - len(lost)
+        if lost:
+            db.execute(delete(JobLease).where(JobLease.job_id == row.id,
+                                              JobLease.worker.in_([lease.worker for lease in lost])))
+            db.execute(_job_update(Job.id == row.id).values(leases_lost=Job.leases_lost + len(lost)))
+            log.warning("job %s: lease lost by %s", row.id, ", ".join(lease.worker for lease in lost))
+            if live == 0 and row.leases_lost + len(lost) >= self.settings.max_attempts:
+                db.execute(_job_update(Job.id == row.id, Job.status == "running").values(
+                    status="failed", finished_at=now, updated_at=now,
+                    error=f"the job's workers stopped {row.leases_lost + len(lost)} times while running it "
+                          "(lost leases); giving up"))
+                return False
+        if row.status == "running" and live >= _wanted_workers(row.search):
+            return False
+        res = db.execute(_job_update(Job.id == row.id, Job.status == row.status, Job.attempts == row.attempts).values(
+            status="running", attempts=Job.attempts + 1, updated_at=now,
+            **({"started_at": now} if row.status == "queued" else {})))
+        if res.rowcount != 1:  # another worker claimed it between our read and our write
+            return False
+        db.add(JobLease(job_id=row.id, worker=self.owner, claimed_at=now,
+                        expires_at=now + dt.timedelta(seconds=self.settings.lease_s)))
+        if row.status == "running":
+            log.info("job %s: joined (%d other worker%s)", row.id, live, "" if live == 1 else "s")
+        return True
+
     # ---- running one job ------------------------------------------------------------------------
-    def _mine(self, job_id: str):
-        return (Job.id == job_id, Job.status == "running", Job.lease_owner == self.owner)
+    def _holds_lease(self, job_id: str):
+        return exists().where(JobLease.job_id == job_id, JobLease.worker == self.owner)
+
+    def _renew(self, job_id: str, done: int, total: int) -> bool:
+        """Renew this worker's lease and write the progress; False when the lease or the job is gone."""
+        now = utcnow()
+        with self._sessions() as db:
+            lease = db.execute(update(JobLease).where(JobLease.job_id == job_id, JobLease.worker == self.owner)
+                               .values(expires_at=now + dt.timedelta(seconds=self.settings.lease_s)))
+            job = db.execute(_job_update(Job.id == job_id, Job.status == "running").values(
+                trials_done=case((Job.trials_done > done, Job.trials_done), else_=done),  # never backwards
+                trials_total=total, updated_at=now))
+            db.commit()
+        return lease.rowcount == 1 and job.rowcount == 1
 
     def run_job(self, job_id: str) -> str:
         """Run a claimed job to its end; returns the status it ended in (as this worker saw it)."""
-        from search import SearchRequest, run_search
-        from search.samplers import SAMPLERS
+        from search import run_search
 
         self.current = job_id
         with self._sessions() as db:
@@ -188,7 +233,6 @@ class Worker:
         if job is None:  # deleted since the claim
             self.current = None
             return "cancelled"
-        s = job.search
         progress = {"done": 0, "total": int(job.trials_total or 0)}
         lost = threading.Event()
         beat_stop = threading.Event()
@@ -197,13 +241,7 @@ class Worker:
             interval = min(0.5, self.settings.progress_s)
             while not beat_stop.wait(interval):
                 try:
-                    now = utcnow()
-                    with self._sessions() as db:
-                        res = db.execute(_job_update(*self._mine(job_id)).values(
-                            trials_done=min(progress["done"], progress["total"]), trials_total=progress["total"],
-                            updated_at=now, lease_expires_at=now + dt.timedelta(seconds=self.settings.lease_s)))
-                        db.commit()
-                    if res.rowcount == 0:
+                    if not self._renew(job_id, min(progress["done"], progress["total"]), progress["total"]):
                         lost.set()
                         return
                 except OperationalError as exc:  # busy database: try again at the next beat
@@ -220,29 +258,17 @@ class Worker:
         beat.start()
         started = time.perf_counter()
         try:
-            storage, name = None, None
-            if s["engine"] in SAMPLERS:
-                from app.services.jobs import delete_study, study_name
-
-                name = study_name(job_id)
-                delete_study(self.url, name)  # a study left by an interrupted earlier attempt
-                storage = optuna_storage(self.url)
-            req = SearchRequest(
-                spec=ModelSpec.model_validate(job.model_spec),
-                profile=ClusterProfile.model_validate(job.cluster_profile),
-                devices=job.devices, global_batch_size=job.global_batch_size, sampler=s["engine"],
-                n_trials=s["n_trials"], top_k=s["top_k"], seed=s["seed"], fixed=s.get("fixed") or None,
-                precision=job.precision, moe_load_imbalance=job.moe_load_imbalance,
-                allow_cross_domain_tp=s.get("allow_cross_domain_tp", False), storage=storage, study_name=name,
-                timeout_s=s.get("timeout_s"))
-            log.info("job %s: running %s (%s trials)", job_id, s["engine"], progress["total"])
+            req = self._request(job)
+            log.info("job %s: running %s (%s trials, claim %d)", job_id, job.search["engine"], progress["total"],
+                     job.attempts)
             result = run_search(req, progress=on_progress)
         except Cancelled:
-            log.info("job %s: cancelled while running; stopped after %.1f s", job_id, time.perf_counter() - started)
+            log.info("job %s: no longer ours (cancelled, deleted or finished by another worker); stopped after "
+                     "%.1f s", job_id, time.perf_counter() - started)
             return "cancelled"
         except Interrupted:
             self._release(job_id)
-            log.info("job %s: worker stopping; job put back in the queue", job_id)
+            log.info("job %s: worker stopping; lease released", job_id)
             return "queued"
         except Exception as exc:  # noqa: BLE001 - a failed job records why
             if lost.is_set():  # deleted under the search (its study too): nothing to record
@@ -256,20 +282,43 @@ class Worker:
             self.current = None
         return self._finish(job_id, result)
 
+    def _request(self, job: Job):
+        """The job's search request; sampler jobs run on the job's study in the service database."""
+        from search import SearchRequest
+        from search.samplers import SAMPLERS
+
+        s = job.search
+        storage, name, seed = None, None, s["seed"]
+        if s["engine"] in SAMPLERS:
+            from app.services.jobs import study_name
+
+            name = study_name(job.id)
+            storage = optuna_storage(self.url, self.settings.trial_heartbeat_s, self.settings.trial_grace_s)
+            seed = claim_seed(seed, job.attempts)
+        return SearchRequest(
+            spec=ModelSpec.model_validate(job.model_spec), profile=ClusterProfile.model_validate(job.cluster_profile),
+            devices=job.devices, global_batch_size=job.global_batch_size, sampler=s["engine"],
+            n_trials=s["n_trials"], top_k=s["top_k"], seed=seed, fixed=s.get("fixed") or None,
+            precision=job.precision, moe_load_imbalance=job.moe_load_imbalance,
+            allow_cross_domain_tp=s.get("allow_cross_domain_tp", False), storage=storage, study_name=name,
+            timeout_s=s.get("timeout_s"), worker=self.owner)
+
     def _release(self, job_id: str) -> None:
+        """Drop this worker's lease; a job left with no live worker goes back to the queue."""
         now = utcnow()
         with self._sessions() as db:
-            db.execute(_job_update(*self._mine(job_id)).values(
-                status="queued", lease_owner=None, lease_expires_at=None, started_at=None, trials_done=0,
-                updated_at=now, attempts=Job.attempts - 1))
+            db.execute(delete(JobLease).where(JobLease.job_id == job_id, JobLease.worker == self.owner))
+            db.execute(_job_update(Job.id == job_id, Job.status == "running",
+                                   ~exists().where(JobLease.job_id == job_id)).values(
+                status="queued", started_at=None, updated_at=now))
             db.commit()
 
     def _fail(self, job_id: str, message: str) -> str:
         now = utcnow()
         with self._sessions() as db:
-            res = db.execute(_job_update(*self._mine(job_id)).values(
-                status="failed", error=message, finished_at=now, updated_at=now, lease_owner=None,
-                lease_expires_at=None))
+            res = db.execute(_job_update(Job.id == job_id, Job.status == "running", self._holds_lease(job_id)).values(
+                status="failed", error=message, finished_at=now, updated_at=now))
+            db.execute(delete(JobLease).where(JobLease.job_id == job_id))
             db.commit()
         return "failed" if res.rowcount else "cancelled"
 
@@ -277,18 +326,35 @@ class Worker:
         summary = {k: v for k, v in result.items() if k not in ("best", "top", "history")}
         now = utcnow()
         with self._sessions() as db:
-            res = db.execute(_job_update(*self._mine(job_id)).values(
+            res = db.execute(_job_update(Job.id == job_id, Job.status == "running", self._holds_lease(job_id)).values(
                 status="succeeded", summary=summary, trials_done=result["trials"],
                 trials_total=max(result["trials"], db.scalar(select(Job.trials_total).where(Job.id == job_id)) or 0),
-                finished_at=now, updated_at=now, lease_owner=None, lease_expires_at=None, error=None))
-            if res.rowcount != 1:  # cancelled or deleted at the last moment: write nothing
+                finished_at=now, updated_at=now, error=None))
+            if res.rowcount != 1:  # cancelled, deleted or finished by another worker: write nothing
                 db.rollback()
                 return "cancelled"
+            db.execute(delete(JobLease).where(JobLease.job_id == job_id))
             db.execute(delete(JobConfig).where(JobConfig.job_id == job_id))
             db.add_all(_config_row(job_id, entry) for entry in result["top"])
             db.commit()
         log.info("job %s: succeeded (%d ranked configs)", job_id, len(result["top"]))
         return "succeeded"
+
+
+def _wanted_workers(search: dict) -> int:
+    """How many workers a job takes at once: ``parallel_workers`` for sampler jobs, else one."""
+    from search.samplers import SAMPLERS
+
+    return max(1, int(search.get("parallel_workers") or 1)) if search.get("engine") in SAMPLERS else 1
+
+
+def claim_seed(seed: int, attempt: int) -> int:
+    """The sampler seed of a job's ``attempt``-th claim: the job's own seed for the first (so that a job
+    run by one worker reproduces ``paraplan search --seed``), a distinct one derived from it for every
+    other worker, so that workers sharing a study do not suggest the same trials."""
+    if attempt <= 1:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}:{attempt}".encode()).digest()[:4], "big") % 2**31
 
 
 def _config_row(job_id: str, entry: dict) -> JobConfig:

@@ -54,6 +54,11 @@ def run_migrations_online() -> None:
     url = _url()
     engine = tune_sqlite(create_engine(url, poolclass=pool.NullPool, **engine_kwargs(url)))
     with engine.connect() as connection:
+        if connection.dialect.name == "sqlite":
+            # Batch mode rebuilds a table by DROP + RENAME; with foreign keys on, SQLite's DROP deletes the
+            # rows first and cascades to the referencing tables (a job's ranked configs would go).
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()
         _configure(connection=connection)
         with context.begin_transaction():
             context.run_migrations()

@@ -39,6 +39,7 @@ class SearchRequest:
     storage: object = None  # Optuna storage (URL or object); in-memory when None
     study_name: str | None = None
     timeout_s: float | None = None
+    worker: str | None = None  # recorded on the trials this process runs (shared studies)
 
 
 def _entries(req: SearchRequest, configs: list[dict]) -> list[dict]:
@@ -60,7 +61,8 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None) -> dict:
         ranked: Ranked = run_exhaustive(space, req.top_k, progress)
     else:
         ranked = run_sampler(space, engine, req.n_trials, req.top_k, seed=req.seed, storage=req.storage,
-                             study_name=req.study_name, progress=progress, timeout_s=req.timeout_s)
+                             study_name=req.study_name, progress=progress, timeout_s=req.timeout_s,
+                             worker=req.worker)
     top = _entries(req, ranked.configs)
     out = {
         "best": top[0] if top else None,

@@ -6,6 +6,10 @@ trials through Optuna's constraints (``Trial.set_constraint``: a positive value 
 the GiB over capacity), so the samplers learn to avoid them. Conditional parameters are suggested only where they mean something
 (``vpp`` with pp > 1, the module set with selective recompute, ...). The same seed gives the same
 trials and the same result.
+
+A study may be run by several processes at once and continued after a crash (``search.storages``):
+the budget counts finished trials, and the ranking is computed from the study's finished trials, not
+from what one process saw.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from costmodel import evaluate_batch
 
 from .exhaustive import ProgressFn, Ranked, _rank_order
 from .space import SearchSpace
+from .storages import TrialHeartbeat, fail_stale_trials, open_rdb_storage, reservation_lock
 
 SAMPLERS = ("tpe", "nsga2", "random")
+COMPLETE, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
 TPE_ROUND = 8  # trials asked before the next tell: TPE's model is refitted between rounds
 NSGA2_POPULATION = 50
 INVALID_VIOLATION = 1e3  # constraint value of a structurally invalid config (GiB-like scale)
@@ -86,85 +92,178 @@ def _key(choice: dict) -> tuple:
     return tuple(sorted(choice.items()))
 
 
+def _as_storage(storage) -> optuna.storages.BaseStorage:
+    """A storage object (a URL opens an RDB storage; None is a study in memory)."""
+    if storage is None:
+        return optuna.storages.InMemoryStorage()
+    if isinstance(storage, str):
+        return open_rdb_storage(storage)
+    return storage
+
+
 def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: int | None = None,
                 storage: str | optuna.storages.BaseStorage | None = None, study_name: str | None = None,
                 progress: ProgressFn | None = None, timeout_s: float | None = None,
-                clock: Callable[[], float] | None = None) -> Ranked:
-    """``n_trials`` Optuna trials; each trial is one parallel layout, scored with all of its
-    micro-batch sizes and options, and told the best feasible throughput."""
+                clock: Callable[[], float] | None = None, worker: str | None = None,
+                poll_s: float = 0.2) -> Ranked:
+    """Run the study until it holds ``n_trials`` finished trials; each trial is one parallel layout,
+    scored with all of its micro-batch sizes and options, and told the best feasible throughput.
+
+    The study may be shared: other processes running this function on the same ``storage`` and
+    ``study_name`` add trials to it at the same time, and a study left by a worker that died is
+    continued (its lost trials are failed and run again, see ``search.storages``). Trials are reserved
+    under the study's lock so that together the processes never exceed ``n_trials``; the ranking is
+    taken from every finished trial of the study, whoever ran it. ``worker`` is recorded on each trial
+    this process runs (user attribute ``worker``). ``timeout_s`` stops this process from asking for
+    more trials after that many seconds (the ranking then covers the trials finished so far).
+    """
     import time
 
     clock = clock or time.monotonic
     started = clock()
     multi = name == "nsga2"
+    storage = _as_storage(storage)
     study = optuna.create_study(
         storage=storage, study_name=study_name, sampler=make_sampler(name, seed),
-        directions=["maximize", "maximize"] if multi else ["maximize"], load_if_exists=storage is not None)
-    capacity_gib = space.profile.fact("memory_gib")
-    history: list[dict] = []
-    seen: dict[tuple, tuple[float, float, int]] = {}  # feasible choice -> (tokens/s, peak, order seen)
-    choices_by_key: dict[tuple, dict] = {}
-    feasible_trials = configs_scored = 0
-    min_peak, min_choice = math.inf, None
-    done = 0
-    while done < n_trials:
-        if timeout_s is not None and clock() - started > timeout_s:
-            break
-        trials = [study.ask() for _ in range(_round_size(name, n_trials - done))]
-        layouts = [nearest_valid(space, suggest(t, space)) for t in trials]
-        expanded = [expand(space, lay) for lay in layouts]
-        flat = [c for group in expanded for c in group]
-        batch, split_ok = space.choice_batch(flat)
-        br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
-        valid = br.valid & split_ok
-        ok = valid & br.feasible
-        peaks = br.peak_bytes / 2**30
-        configs_scored += len(flat)
-        start = 0
-        for trial, group in zip(trials, expanded):
-            sl = slice(start, start + len(group))
-            start += len(group)
-            v, f, tok, pk = valid[sl], ok[sl], br.tokens_per_s[sl], peaks[sl]
-            best = int(np.argmax(np.where(f, tok, -np.inf))) if f.any() else None
-            if v.any():
-                j = int(np.argmin(np.where(v, pk, np.inf)))
-                if pk[j] < min_peak:
-                    min_peak, min_choice = float(pk[j]), group[j]
-                violation = float(min(pk[v].min() - capacity_gib, INVALID_VIOLATION)) if best is None else 0.0
-            else:
-                violation = INVALID_VIOLATION
-            trial.set_constraint(CONSTRAINT, violation)
-            tokens = float(tok[best]) if best is not None else 0.0
-            if multi:
-                headroom = capacity_gib - float(pk[best]) if best is not None else -INVALID_VIOLATION
-                study.tell(trial, [tokens, headroom])
-            else:
-                study.tell(trial, tokens)
-            history.append({"trial": trial.number, "tokens_per_s": tokens if best is not None else None,
-                            "feasible": best is not None})
-            if best is None:
+        directions=["maximize", "maximize"] if multi else ["maximize"], load_if_exists=True)
+    heartbeat = TrialHeartbeat(storage)
+    complete = 0
+    try:
+        while True:
+            if progress:
+                progress(complete, n_trials)  # may raise to stop this worker (cancelled, shutting down)
+            timed_out = timeout_s is not None and clock() - started > timeout_s
+            with reservation_lock(storage, study.study_name):
+                fail_stale_trials(study, storage)
+                states = [t.state for t in study.get_trials(deepcopy=False, states=(COMPLETE, RUNNING))]
+                complete = states.count(COMPLETE)
+                free = n_trials - len(states)  # running trials are slots reserved by whoever runs them
+                k = 0 if timed_out else min(_round_size(name, n_trials - complete), free)
+                trials = []
+                for _ in range(max(k, 0)):
+                    with warnings.catch_warnings():  # "heartbeats are meant for Study.optimize": ours beat here
+                        warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
+                        trials.append(study.ask())
+                    heartbeat.first_beat(trials[-1]._trial_id)  # noqa: SLF001 - Optuna's heartbeats key on it
+                heartbeat.beat([t._trial_id for t in trials], first=False)  # noqa: SLF001
+            if complete >= n_trials or timed_out:
+                break
+            if not trials:  # the budget is reserved by trials in flight (or by a dead worker's, until stale)
+                time.sleep(poll_s)
                 continue
-            feasible_trials += 1
-            for j in np.nonzero(f)[0]:
-                key = _key(group[j])
-                if key not in seen:
-                    seen[key] = (float(tok[j]), float(pk[j]), len(seen))
-                    choices_by_key[key] = group[j]
-        done += len(trials)
-        if progress:
-            progress(done, n_trials)
-    keys = list(seen)
-    configs = []
-    if keys:
-        arr = np.array([seen[k] for k in keys])
-        order = _rank_order(arr[:, 0], arr[:, 1], arr[:, 2])[:top_k]
-        configs = [space.choice_config(choices_by_key[keys[i]]) for i in order]
-    pareto = _pareto(study, space) if multi else None
-    return Ranked(configs=configs, trials=done, feasible_trials=feasible_trials,
-                  smallest_peak_gib=None if min_choice is None else min_peak,
-                  smallest_peak_config=None if min_choice is None else space.choice_config(min_choice),
-                  history=history, pareto=pareto,
-                  extra={"study_name": study.study_name, "configs_scored": configs_scored})
+            complete += _score_round(space, study, trials, multi, worker)
+    finally:
+        heartbeat.close()
+    if progress:
+        progress(min(complete, n_trials), n_trials)
+    ranked = rank_trials(space, study.get_trials(deepcopy=False, states=(COMPLETE,)), top_k)
+    ranked.pareto = _pareto(study, space) if multi else None
+    ranked.extra["study_name"] = study.study_name
+    return ranked
+
+
+def _score_round(space: SearchSpace, study: optuna.Study, trials: list, multi: bool, worker: str | None) -> int:
+    """Score the layouts of a round of trials in one vectorised batch and tell each its value; returns
+    how many were told. A trial that another worker failed meanwhile (its heartbeat looked stale to it:
+    a stalled process) is dropped: it is already queued to run again."""
+    layouts, live = [], []
+    for t in trials:
+        try:
+            layouts.append(nearest_valid(space, suggest(t, space)))
+            live.append(t)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass
+    expanded = [expand(space, lay) for lay in layouts]
+    scores = _score(space, [c for group in expanded for c in group])
+    start, told = 0, 0
+    for trial, group in zip(live, expanded):
+        sl = slice(start, start + len(group))
+        start += len(group)
+        try:
+            _tell(study, trial, *(a[sl] for a in scores), capacity_gib=space.profile.fact("memory_gib"), multi=multi,
+                  worker=worker)
+            told += 1
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass
+    return told
+
+
+def _tell(study: optuna.Study, trial, valid, ok, tok, pk, *, capacity_gib: float, multi: bool,
+          worker: str | None) -> None:
+    """Tell one trial its layout's best feasible throughput (and memory headroom for NSGA-II), with the
+    memory violation as its constraint."""
+    best = int(np.argmax(np.where(ok, tok, -np.inf))) if ok.any() else None
+    if best is not None:
+        violation = 0.0
+    elif valid.any():
+        violation = float(min(pk[valid].min() - capacity_gib, INVALID_VIOLATION))
+    else:
+        violation = INVALID_VIOLATION
+    trial.set_constraint(CONSTRAINT, violation)
+    if worker is not None:
+        trial.set_user_attr("worker", worker)
+    tokens = float(tok[best]) if best is not None else 0.0
+    if multi:
+        headroom = capacity_gib - float(pk[best]) if best is not None else -INVALID_VIOLATION
+        study.tell(trial, [tokens, headroom])
+    else:
+        study.tell(trial, tokens)
+
+
+def _score(space: SearchSpace, choices: list[dict]) -> tuple[np.ndarray, ...]:
+    """(valid, feasible, tokens/s, peak GiB) of each choice, from one vectorised evaluation."""
+    batch, split_ok = space.choice_batch(choices)
+    br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
+    valid = br.valid & split_ok
+    return valid, valid & br.feasible, br.tokens_per_s, br.peak_bytes / 2**30
+
+
+def trial_layout(space: SearchSpace, trial: optuna.trial.FrozenTrial) -> dict:
+    """The layout a finished trial scored (its suggested parameters, repaired as when it ran)."""
+    return nearest_valid(space, suggest(optuna.trial.FixedTrial(trial.params), space))
+
+
+def rank_trials(space: SearchSpace, trials: list[optuna.trial.FrozenTrial], top_k: int) -> Ranked:
+    """The ranking of a set of finished trials: every config of every trial's layout, re-scored, the
+    feasible ones ranked by tokens/s, then the smaller peak, then the order first seen (trial number,
+    then position in the layout's options). Deterministic in the trials alone, so any process that
+    reads the same study ranks it the same."""
+    trials = sorted(trials, key=lambda t: t.number)
+    layouts = [trial_layout(space, t) for t in trials]
+    keys = list(dict.fromkeys(_key(lay) for lay in layouts))
+    groups = {key: expand(space, dict(key)) for key in keys}
+    flat = [c for key in keys for c in groups[key]]
+    valid, ok, tok, pk = _score(space, flat) if flat else (np.zeros(0, bool),) * 2 + (np.zeros(0),) * 2
+    offsets, start = {}, 0
+    for key in keys:
+        offsets[key] = start
+        start += len(groups[key])
+    seen: dict[tuple, int] = {}  # feasible config -> its index in ``flat``
+    history, feasible_trials, configs_scored = [], 0, 0
+    min_peak, min_index = math.inf, None
+    for trial, lay in zip(trials, layouts):
+        key = _key(lay)
+        sl = slice(offsets[key], offsets[key] + len(groups[key]))
+        configs_scored += len(groups[key])
+        f = ok[sl]
+        if valid[sl].any():
+            j = int(np.argmin(np.where(valid[sl], pk[sl], np.inf)))
+            if pk[sl][j] < min_peak:
+                min_peak, min_index = float(pk[sl][j]), sl.start + j
+        history.append({"trial": trial.number, "tokens_per_s": float(tok[sl][f].max()) if f.any() else None,
+                        "feasible": bool(f.any())})
+        if not f.any():
+            continue
+        feasible_trials += 1
+        for j in np.nonzero(f)[0]:
+            seen.setdefault(_key(flat[sl.start + j]), sl.start + int(j))
+    index = np.array(list(seen.values()), dtype=np.int64)
+    order = _rank_order(tok[index], pk[index], np.arange(len(index)))[:top_k] if len(index) else []
+    return Ranked(configs=[space.choice_config(flat[index[i]]) for i in order], trials=len(trials),
+                  feasible_trials=feasible_trials,
+                  smallest_peak_gib=None if min_index is None else min_peak,
+                  smallest_peak_config=None if min_index is None else space.choice_config(flat[min_index]),
+                  history=history, extra={"configs_scored": configs_scored})
 
 
 def _pareto(study: optuna.Study, space: SearchSpace) -> list[dict]:
@@ -172,15 +271,11 @@ def _pareto(study: optuna.Study, space: SearchSpace) -> list[dict]:
     layout's best config (re-scored, so that the front carries full configs)."""
     front = []
     for t in study.best_trials:
-        layout = nearest_valid(space, suggest(optuna.trial.FixedTrial(t.params), space))
-        group = expand(space, layout)
-        batch, split_ok = space.choice_batch(group)
-        br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
-        f = br.valid & split_ok & br.feasible
-        if not f.any():
-            continue
-        j = int(np.argmax(np.where(f, br.tokens_per_s, -np.inf)))
-        front.append({"trial": t.number, "tokens_per_s": t.values[0], "memory_headroom_gib": t.values[1],
-                      "config": space.choice_config(group[j])})
+        group = expand(space, trial_layout(space, t))
+        _, ok, tok, _ = _score(space, group)
+        if ok.any():
+            j = int(np.argmax(np.where(ok, tok, -np.inf)))
+            front.append({"trial": t.number, "tokens_per_s": t.values[0], "memory_headroom_gib": t.values[1],
+                          "config": space.choice_config(group[j])})
     front.sort(key=lambda p: -p["tokens_per_s"])
     return front

@@ -206,3 +206,44 @@ def assert_same_result(a, b, rel=1e-9, path="result"):
 @pytest.fixture(scope="session")
 def same_result():
     return assert_same_result
+
+
+# ------------------------------------------------------------------------------------------------
+# databases: SQLite files and a fresh database on the PostgreSQL server that scripts/test starts
+
+
+@pytest.fixture
+def postgres_url():
+    """A new, empty PostgreSQL database (a SQLAlchemy URL), dropped after the test. Skipped when the
+    server is not there, unless PARAPLAN_REQUIRE_POSTGRES is set (scripts/test): then it fails."""
+    import os
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    admin = os.environ.get("PARAPLAN_TEST_POSTGRES_URL")
+    if not admin:
+        if os.environ.get("PARAPLAN_REQUIRE_POSTGRES"):
+            pytest.fail("PARAPLAN_REQUIRE_POSTGRES is set but PARAPLAN_TEST_POSTGRES_URL is not")
+        pytest.skip("needs the PostgreSQL server that scripts/test starts (PARAPLAN_TEST_POSTGRES_URL)")
+    name = f"paraplan_{uuid.uuid4().hex[:12]}"
+    engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(admin).set(database=name).render_as_string(hide_password=False)
+    yield url
+    from app.db.engine import get_engine
+
+    get_engine(url).dispose()
+    with engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request, tmp_path):
+    """The same test on a SQLite file and on a PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'paraplan.db'}"
+    return request.getfixturevalue("postgres_url")

@@ -29,9 +29,11 @@ def free_port() -> int:
 class Server:
     """`python -m app.cli serve` as a subprocess, with its own DATABASE_URL and a log file."""
 
-    def __init__(self, db_path: Path, log_path: Path, *extra: str, env: dict | None = None):
+    def __init__(self, db_path: Path | str, log_path: Path, *extra: str, env: dict | None = None):
+        """``db_path``: a SQLite file, or a database URL."""
         self.db_path, self.log_path, self.extra = db_path, log_path, extra
-        self.env = {**os.environ, "DATABASE_URL": f"sqlite:///{db_path}", **(env or {})}
+        url = db_path if isinstance(db_path, str) and "://" in db_path else f"sqlite:///{db_path}"
+        self.env = {**os.environ, "DATABASE_URL": url, **(env or {})}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -95,3 +97,45 @@ def wait_for(client: httpx.Client, job_id: str, timeout: float = 60.0, until=("s
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+class WorkerProcess:
+    """`python -m app.cli worker` as a subprocess on ``database_url``, logging to ``log_path``."""
+
+    def __init__(self, database_url: str, log_path: Path, env: dict | None = None):
+        self.log_path = log_path
+        self.env = {**os.environ, "DATABASE_URL": database_url, **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], cwd=ROOT,
+                                     env=self.env, stdout=open(log_path, "a"), stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_started(self, timeout: float = 30.0) -> "WorkerProcess":
+        """Until the worker polls for jobs (its log says it started)."""
+        started = time.monotonic()
+        while "started on" not in self.log():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() - started > timeout:
+                raise RuntimeError(f"worker not started after {timeout} s:\n{self.log()}")
+            time.sleep(0.05)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup of any kind."""
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""

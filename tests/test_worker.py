@@ -12,7 +12,7 @@ import warnings
 
 import optuna
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 warnings.filterwarnings("ignore", message=".*httpx2.*")
 
@@ -22,7 +22,7 @@ import hardware_profiles  # noqa: E402
 import model_presets  # noqa: E402
 from app.core.config import Settings  # noqa: E402
 from app.db.engine import get_sessionmaker  # noqa: E402
-from app.db.models import Job, JobConfig, utcnow  # noqa: E402
+from app.db.models import Job, JobConfig, JobLease, utcnow  # noqa: E402
 from app.main import create_app  # noqa: E402
 from app.worker import Worker  # noqa: E402
 from search import SearchRequest, run_search  # noqa: E402
@@ -132,14 +132,27 @@ def test_a_stopping_worker_puts_its_job_back_in_the_queue(env):
     thread.join(10)
     assert not thread.is_alive() and time.monotonic() - started < 3
     row = job_row(sessions, job["id"])
-    assert row.status == "queued" and row.lease_owner is None and row.trials_done == 0 and row.attempts == 0
+    assert row.status == "queued" and row.attempts == 1 and leases(sessions, job["id"]) == []
+    # the study is kept for the next worker: finished trials only, none left running
+    study = optuna.load_study(study_name=f"paraplan-job-{job['id']}", storage=settings.database_url)
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states.count(optuna.trial.TrialState.COMPLETE) >= row.trials_done > 0
+    assert optuna.trial.TrialState.RUNNING not in states
     client.post(f"/v1/jobs/{job['id']}/cancel")
 
 
-def _force_running(sessions, job_id, owner, expires, attempts=1):
+def leases(sessions, job_id) -> list[str]:
     with sessions() as db:
-        db.execute(update(Job).where(Job.id == job_id).values(status="running", lease_owner=owner,
-                                                                lease_expires_at=expires, attempts=attempts))
+        return list(db.scalars(select(JobLease.worker).where(JobLease.job_id == job_id)))
+
+
+def _force_running(sessions, job_id, owner, expires, attempts=1, leases_lost=0):
+    """Make the job look run by ``owner`` (and no one else), its lease running out at ``expires``."""
+    with sessions() as db:
+        db.execute(delete(JobLease).where(JobLease.job_id == job_id))
+        db.execute(update(Job).where(Job.id == job_id).values(status="running", attempts=attempts,
+                                                                leases_lost=leases_lost))
+        db.add(JobLease(job_id=job_id, worker=owner, claimed_at=utcnow(), expires_at=expires))
         db.commit()
 
 
@@ -156,15 +169,18 @@ def test_lost_leases_are_reclaimed(env):
     dead.wait()
     _force_running(sessions, job_id, f"{socket.gethostname()}:{dead.pid}:abc", future)
     assert worker.claim() == job_id  # its worker process on this host is gone
+    assert leases(sessions, job_id) == [worker.owner]  # the dead one's lease is dropped
     assert worker.run_job(job_id) == "succeeded"
-    assert job_row(sessions, job_id).attempts == 2  # forced to 1, then this claim
+    row = job_row(sessions, job_id)
+    assert row.attempts == 2 and row.leases_lost == 1  # forced to 1, then this claim; the dead lease counted
+    assert leases(sessions, job_id) == []
 
 
 def test_a_job_that_keeps_losing_its_worker_fails_in_words(env):
     settings, client, sessions = env
     job_id = client.post("/v1/jobs", json=TINY_JOB).json()["id"]
     _force_running(sessions, job_id, "elsewhere:1:abc", utcnow() - dt.timedelta(seconds=1),
-                   attempts=settings.max_attempts)
+                   leases_lost=settings.max_attempts - 1)
     assert Worker(settings).claim() is None
     job = client.get(f"/v1/jobs/{job_id}").json()
     assert job["status"] == "failed" and "stopped 3 times" in job["error"]

@@ -23,18 +23,26 @@ class Settings(BaseSettings):
                                       "`Authorization: Bearer KEY`.")
 
     # Caps on what one request may ask for (bad input beyond them is a 4xx, never work).
-    max_trials: int = Field(5000, ge=1, description="Largest search.n_trials a job may ask for.")
+    # 10,000 trials and 100,000 devices are the documented floor of what a job may ask for by default.
+    max_trials: int = Field(10_000, ge=1, description="Largest search.n_trials a job may ask for.")
     max_top_k: int = Field(100, ge=1, description="Largest search.top_k.")
     max_timeout_s: float = Field(3600.0, gt=0, description="Largest search.timeout_s.")
     max_devices: int = Field(1_000_000, ge=1, description="Largest device count.")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body (bytes); larger is 413.")
-    max_queued_jobs: int = Field(1000, ge=1, description="Queued jobs beyond which POST /v1/jobs is 429.")
+    max_queued_jobs: int = Field(1000, ge=1, description="Queued jobs per API key beyond which that key's "
+                                                         "POST /v1/jobs is 429 (one shared count when the "
+                                                         "server has no keys).")
 
     # Worker.
-    lease_s: float = Field(30.0, gt=1, description="A running job's lease; the worker renews it every second.")
+    lease_s: float = Field(15.0, gt=1, description="A worker's lease on a running job, renewed every half second; "
+                                                   "when a worker dies another takes the job this long after.")
+    trial_heartbeat_s: int = Field(1, ge=1, description="Optuna's trial heartbeat interval (RDBStorage "
+                                                        "heartbeat_interval, whole seconds).")
+    trial_grace_s: int = Field(10, ge=1, description="A running trial with no heartbeat for this long is failed and "
+                                                     "run again (RDBStorage grace_period, whole seconds).")
     poll_s: float = Field(0.5, gt=0, description="How often an idle worker looks for a queued job.")
     progress_s: float = Field(1.0, gt=0, description="How often a running job's progress is written.")
-    max_attempts: int = Field(3, ge=1, description="Claims of one job (after lost leases) before it fails.")
+    max_attempts: int = Field(3, ge=1, description="Lost leases (its workers died) after which a job fails.")
     embedded_worker: bool = Field(True, description="`paraplan serve` runs a worker thread beside the API.")
 
     @property

@@ -1,8 +1,8 @@
 """Bring a database to the newest schema (what ``alembic upgrade head`` does), on service start.
 
 Works on an empty database, on one at an older revision, and on one that already holds Optuna's
-tables. A SQLite database is migrated under a file lock, so a server and a worker started together do
-not both create the tables.
+tables, on SQLite and PostgreSQL. Migrations run under a lock (advisory on PostgreSQL, a file beside a
+SQLite database), so a server and workers started together do not both create the tables.
 """
 
 from __future__ import annotations
@@ -42,8 +42,25 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+MIGRATION_LOCK_KEY = 7_310_512_404  # pg_advisory_lock key of "the schema is being migrated"
+
+
 @contextmanager
 def _lock(url: str):
+    """Serialise migrations of one database across processes: an advisory lock on PostgreSQL, a file lock
+    beside a SQLite file (an API and its workers starting together must not both create the tables)."""
+    if get_engine(url).dialect.name == "postgresql":
+        from sqlalchemy import text
+
+        with get_engine(url).connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY})
+                conn.commit()
+        return
     path = sqlite_path(url)
     if path is None:
         yield
@@ -71,4 +88,17 @@ def upgrade(url: str) -> str | None:
     with _lock(url):
         if current_revision(url) != head_revision(url):
             command.upgrade(alembic_config(url), "head")
+        _create_optuna_schema(url)
     return current_revision(url)
+
+
+def _create_optuna_schema(url: str) -> None:
+    """Optuna's tables, created here under the lock: workers that open Optuna's storage on a new database
+    at the same moment would otherwise race to create them (and one would fail its job)."""
+    from sqlalchemy import inspect
+
+    if "studies" in inspect(get_engine(url)).get_table_names():
+        return
+    import optuna
+
+    optuna.storages.RDBStorage(url, skip_compatibility_check=True).engine.dispose()

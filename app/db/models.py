@@ -4,6 +4,8 @@
   cluster profile and its version hash, devices, batch, precision, imbalance and the resolved search
   options, seed included) so that its result can be reproduced, its status, progress, error, lease and
   idempotency key.
+* ``job_leases``: the workers running a job, one row each, with the time their lease runs out (a job
+  asks for ``search.parallel_workers`` of them; a lease that is not renewed lets another worker in).
 * ``job_configs``: the ranked configs of a finished job, rank 1 first, each with its full evaluation
   JSON and the columns users filter and sort on (tokens/s, MFU, peak memory). An exhaustive job
   stores its top K and the counts (in ``jobs.summary``), not a row per scored config.
@@ -80,10 +82,12 @@ class Job(Base):
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # engine, space_size, trials, counts, ...
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
 
-    # the worker's claim
-    lease_owner: Mapped[str | None] = mapped_column(String(200))
-    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # the workers' claims (the leases themselves are rows of ``job_leases``)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims so far; claim n > 1 reseeds its sampler
+    leases_lost: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # leases that ran out (their worker died)
+
+    # the API key that created it (a hash; "" when the server runs without keys): only it sees the job
+    owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
     # Idempotency-Key, scoped to the API key (a hash of it; "" without keys)
     idempotency_scope: Mapped[str | None] = mapped_column(String(64))
@@ -93,8 +97,20 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_status_created_at", "status", "created_at"),
         Index("ix_jobs_created_at", "created_at"),
+        Index("ix_jobs_owner_status", "owner", "status"),
         UniqueConstraint("idempotency_scope", "idempotency_key", name="uq_jobs_idempotency"),
     )
+
+
+class JobLease(Base):
+    """One worker's claim on a running job, renewed while the worker lives."""
+
+    __tablename__ = "job_leases"
+
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    worker: Mapped[str] = mapped_column(String(200), primary_key=True)  # host:pid:random
+    claimed_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
 
 
 class JobConfig(Base):

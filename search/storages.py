@@ -1,0 +1,173 @@
+"""Sharing one Optuna study between processes: the trial reservation lock and the trials' heartbeats.
+
+Several workers add trials to one study until it holds ``n_trials`` finished trials. A worker asks
+its next trials only while it holds the study's reservation lock, after counting the trials that are
+finished or still running (each running trial is a reserved slot), so that together the workers
+never ask for more trials than the budget. The lock is
+
+* PostgreSQL: a session advisory lock (``pg_advisory_lock``) on a connection of the storage's own
+  engine, keyed by the study name; a worker that dies loses its connection and so the lock;
+* SQLite: an ``flock`` on a file beside the database (SQLite is shared by processes of one host
+  only); the kernel drops it when the process dies;
+* in memory: a thread lock (one process).
+
+A running trial carries Optuna's heartbeat (``RDBStorage.record_heartbeat``); when its worker dies,
+``optuna.storages.fail_stale_trials`` fails it after the storage's grace period and its
+``heartbeat_stale_trial_callback`` (``RetryHeartbeatStaleTrialCallback``) queues the same parameters
+again as a WAITING trial, which the next ``study.ask()`` takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+from optuna.storages import RDBStorage
+
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+def open_rdb_storage(url: str, heartbeat_s: int | None = None, grace_s: int | None = None,
+                     engine_kwargs: dict | None = None) -> RDBStorage:
+    """Optuna's RDB storage with trial heartbeats (every ``heartbeat_s`` s) and the retry of a trial whose
+    heartbeat stopped for ``grace_s`` s (its worker died): the trial is failed and run again."""
+    import warnings
+
+    with warnings.catch_warnings():  # heartbeat_interval is marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        callback = optuna.storages.RetryHeartbeatStaleTrialCallback() if heartbeat_s else None
+        return RDBStorage(url, engine_kwargs=engine_kwargs or {}, heartbeat_interval=heartbeat_s,
+                          grace_period=grace_s, heartbeat_stale_trial_callback=callback)
+
+
+def _rdb(storage) -> RDBStorage | None:
+    """The RDB storage behind ``storage`` (Optuna wraps an RDBStorage in a cache), or None."""
+    if isinstance(storage, RDBStorage):
+        return storage
+    backend = getattr(storage, "_backend", None)
+    return backend if isinstance(backend, RDBStorage) else None
+
+
+def _key64(name: str) -> int:
+    """A signed 64-bit advisory-lock key for a study name."""
+    return int.from_bytes(hashlib.sha256(f"paraplan-study:{name}".encode()).digest()[:8], "big", signed=True)
+
+
+@contextlib.contextmanager
+def reservation_lock(storage, study_name: str) -> Iterator[None]:
+    """Hold the study's reservation lock (see the module docstring) for the ``with`` block."""
+    rdb = _rdb(storage)
+    dialect = rdb.engine.dialect.name if rdb is not None else None
+    if dialect == "postgresql":
+        from sqlalchemy import text
+
+        with rdb.engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _key64(study_name)})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _key64(study_name)})
+                conn.commit()
+        return
+    if dialect == "sqlite" and rdb.engine.url.database not in (None, "", ":memory:"):
+        path = Path(f"{rdb.engine.url.database}.trials-lock")
+        with open(path, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+        return
+    with _THREAD_LOCKS_GUARD:
+        lock = _THREAD_LOCKS.setdefault(study_name, threading.Lock())
+    with lock:
+        yield
+
+
+class TrialHeartbeat:
+    """Records Optuna heartbeats for the trials a worker is running, every ``interval_s`` seconds,
+    from one thread (instead of Optuna's thread per trial: a round asks up to 64 trials at once)."""
+
+    def __init__(self, storage):
+        self.rdb = _rdb(storage)
+        self.interval_s = self.rdb.get_heartbeat_interval() if self.rdb is not None else None
+        self.trial_ids: list[int] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval_s is not None
+
+    def beat(self, trial_ids: list[int], first: bool = True) -> None:
+        """Beat for these trials from now on (the previous set is dropped), after one heartbeat each now
+        (``first=False``: they just had it, see ``first_beat``)."""
+        if not self.enabled:
+            return
+        with self._lock:
+            self.trial_ids = list(trial_ids)
+            for trial_id in self.trial_ids if first else ():
+                self.rdb.record_heartbeat(trial_id)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="optuna-heartbeat", daemon=True)
+            self._thread.start()
+
+    def first_beat(self, trial_id: int) -> None:
+        """The first heartbeat of a trial, right after it was asked."""
+        if self.enabled:
+            self.rdb.record_heartbeat(trial_id)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with self._lock:
+                for trial_id in self.trial_ids:
+                    try:
+                        self.rdb.record_heartbeat(trial_id)
+                    except Exception:  # noqa: BLE001 - a busy database: the next beat tries again
+                        pass
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def fail_stale_trials(study: optuna.Study, storage) -> None:
+    """Fail (and retry) the trials whose worker died. Call it holding the reservation lock.
+
+    Optuna's own stale-trial handling covers trials whose heartbeat stopped. A worker killed between
+    asking a trial and its first heartbeat leaves a running trial with no heartbeat at all, which
+    Optuna never calls stale; since trials are asked and given their first heartbeat under the lock, a
+    running trial without a heartbeat seen by the lock's holder was asked by a worker that died holding
+    the lock: it is failed and retried the same way.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    rdb = _rdb(storage)
+    if rdb is None or rdb.get_heartbeat_interval() is None:
+        return
+    from sqlalchemy import text
+
+    study_id = rdb.get_study_id_from_name(study.study_name)
+    with rdb.engine.connect() as conn:  # Optuna's schema: trials, trial_heartbeats
+        orphans = [r[0] for r in conn.execute(text(
+            "SELECT t.trial_id FROM trials t WHERE t.study_id = :sid AND t.state = 'RUNNING' AND NOT EXISTS "
+            "(SELECT 1 FROM trial_heartbeats h WHERE h.trial_id = t.trial_id)"), {"sid": study_id})]
+    callback = rdb.get_heartbeat_stale_trial_callback()
+    for trial_id in orphans:
+        try:
+            if rdb.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL) and callback is not None:
+                callback(study, rdb.get_trial(trial_id))
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass

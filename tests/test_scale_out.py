@@ -1,0 +1,170 @@
+"""Scale-out and crash safety with real worker processes, on a SQLite file and on PostgreSQL.
+
+* several ``paraplan worker`` processes share one job's Optuna study (``search.parallel_workers``):
+  together they run exactly the trial budget, each runs some, and the ranking is the one a single
+  process computes from the same trials;
+* a worker (or ``paraplan serve`` with its embedded worker) killed with SIGKILL mid-job: the job is
+  taken over, its study continued from the stored trials, the lost trials failed and run again, and
+  it ends with exactly the budget of finished trials and a ranking without duplicates or gaps.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import optuna
+import pytest
+
+warnings.filterwarnings("ignore", message=".*httpx2.*")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from app.core.config import Settings  # noqa: E402
+from app.main import create_app  # noqa: E402
+from search import build_space  # noqa: E402
+from search.samplers import rank_trials  # noqa: E402
+from service_util import Server, WorkerProcess  # noqa: E402
+
+import hardware_profiles  # noqa: E402
+import model_presets  # noqa: E402
+
+COMPLETE, FAIL, RUNNING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
+                           optuna.trial.TrialState.RUNNING)
+# A small MoE model on 64 GPUs: thousands of layouts, a trial scores in milliseconds.
+JOB = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 64, "global_batch_size": 256}
+FAST = {"PARAPLAN_POLL_S": "0.1", "PARAPLAN_LEASE_S": "4", "PARAPLAN_TRIAL_HEARTBEAT_S": "1",
+        "PARAPLAN_TRIAL_GRACE_S": "5"}
+
+
+@pytest.fixture
+def api(database_url):
+    """An in-process API on the database (it migrates the schema); jobs are run by worker processes."""
+    with TestClient(create_app(Settings(database_url=database_url))) as client:
+        yield client, database_url
+
+
+def _study(url: str, job_id: str) -> optuna.Study:
+    return optuna.load_study(study_name=f"paraplan-job-{job_id}", storage=url)
+
+
+def _wait(client, job_id: str, until, timeout: float) -> dict:
+    started = time.monotonic()
+    while True:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if until(job):
+            return job
+        assert job["status"] not in ("failed", "cancelled"), job
+        assert time.monotonic() - started < timeout, f"not there after {timeout} s: {job}"
+        time.sleep(0.1)
+
+
+def _pids(study: optuna.Study, states=(COMPLETE,)) -> dict[int, int]:
+    """Trials run per worker process id (the worker name is host:pid:random)."""
+    counts: dict[int, int] = {}
+    for t in study.get_trials(deepcopy=False, states=states):
+        pid = int(t.user_attrs["worker"].split(":")[1])
+        counts[pid] = counts.get(pid, 0) + 1
+    return counts
+
+
+def _check_ranking(client, job: dict, study: optuna.Study) -> None:
+    """The job's ranked configs: ranks 1..k, distinct configs, best first, and exactly the ranking one
+    process computes from the study's finished trials."""
+    items = client.get(f"/v1/jobs/{job['id']}/configs", params={"limit": 500}).json()["items"]
+    assert [c["rank"] for c in items] == list(range(1, len(items) + 1)) and items
+    assert len({str(sorted(c["config"].items())) for c in items}) == len(items)
+    tokens = [c["evaluation"]["tokens_per_s"] for c in items]
+    assert tokens == sorted(tokens, reverse=True)
+    space = build_space(model_presets.load(JOB["model"]), hardware_profiles.load(JOB["cluster"]), JOB["devices"],
+                        JOB["global_batch_size"], fixed=job["inputs"]["search"]["fixed"] or None)
+    expected = rank_trials(space, study.get_trials(deepcopy=False, states=(COMPLETE,)), len(items))
+    assert [c["config"] for c in items] == expected.configs
+    assert job["summary"]["trials"] == len(study.get_trials(deepcopy=False, states=(COMPLETE,)))
+    assert job["summary"]["feasible_trials"] == expected.feasible_trials
+
+
+def test_three_workers_share_one_study_and_never_overshoot(api, tmp_path):
+    client, url = api
+    workers = [WorkerProcess(url, tmp_path / f"worker{i}.log", env=FAST) for i in range(3)]
+    try:
+        for w in workers:
+            w.wait_started()
+        body = {**JOB, "search": {"sampler": "random", "n_trials": 600, "seed": 3, "top_k": 20,
+                                  "parallel_workers": 3}}
+        job = client.post("/v1/jobs", json=body).json()
+        job = _wait(client, job["id"], lambda j: j["status"] == "succeeded", timeout=180)
+    finally:
+        for w in workers:
+            w.stop()
+    study = _study(url, job["id"])
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states.count(COMPLETE) == 600 and RUNNING not in states
+    assert job["progress"] == {"trials_done": 600, "trials_total": 600}
+    per_worker = _pids(study)
+    assert set(per_worker) == {w.pid for w in workers}, per_worker  # each worker ran some
+    assert all(n > 0 for n in per_worker.values()) and sum(per_worker.values()) == 600
+    _check_ranking(client, job, study)
+
+
+def test_a_worker_killed_mid_job_is_replaced_and_the_study_continued(api, tmp_path):
+    client, url = api
+    body = {**JOB, "search": {"sampler": "random", "n_trials": 600, "seed": 5, "top_k": 20}}
+    job = client.post("/v1/jobs", json=body).json()
+    first = WorkerProcess(url, tmp_path / "first.log", env=FAST).wait_started()
+    try:
+        _wait(client, job["id"], lambda j: j["progress"]["trials_done"] >= 150, timeout=120)
+    finally:
+        first.kill()
+    killed_at = time.monotonic()
+    done_at_kill = len(_study(url, job["id"]).get_trials(deepcopy=False, states=(COMPLETE,)))
+    assert client.get(f"/v1/jobs/{job['id']}").json()["status"] == "running"  # nothing released it
+    second = WorkerProcess(url, tmp_path / "second.log", env=FAST).wait_started()
+    try:
+        _wait(client, job["id"], lambda j: j["progress"]["trials_done"] > done_at_kill, timeout=30)
+        resumed_after_s = time.monotonic() - killed_at
+        job = _wait(client, job["id"], lambda j: j["status"] == "succeeded", timeout=180)
+    finally:
+        second.stop()
+    assert resumed_after_s < 30
+    study = _study(url, job["id"])
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials].count(COMPLETE) == 600 and RUNNING not in {t.state for t in trials}
+    per_worker = _pids(study)
+    assert per_worker[first.pid] >= done_at_kill >= 150 and per_worker[second.pid] > 0  # continued, not restarted
+    # a trial lost with the first worker is failed (not counted) and its parameters run again
+    failed = [t for t in trials if t.state == FAIL]
+    retried = [t for t in trials if "failed_trial" in t.system_attrs]
+    assert sorted(t.system_attrs["failed_trial"] for t in retried) == sorted(t.number for t in failed)
+    for t in retried:  # (a trial killed before it was given parameters is retried with new ones)
+        lost = trials[t.system_attrs["failed_trial"]]
+        assert t.state == COMPLETE and (t.params == lost.params or not lost.params)
+    _check_ranking(client, job, study)
+
+
+def test_serve_killed_mid_job_resumes_after_a_restart_and_loses_no_accepted_job(database_url, tmp_path):
+    server = Server(database_url, tmp_path / "serve.log", env=FAST).start()
+    with server.client() as client:
+        running = client.post("/v1/jobs", json={**JOB, "search": {"sampler": "random", "n_trials": 600,
+                                                                  "seed": 9}}).json()
+        queued = client.post("/v1/jobs", json={**JOB, "search": {"sampler": "tpe", "n_trials": 40,
+                                                                 "seed": 1}}).json()
+        _wait(client, running["id"], lambda j: j["progress"]["trials_done"] >= 150, timeout=120)
+    server.proc.kill()  # SIGKILL: the embedded worker dies with the server
+    server.proc.wait()
+    done_at_kill = len(_study(database_url, running["id"]).get_trials(deepcopy=False, states=(COMPLETE,)))
+    server.start()
+    restarted_at = time.monotonic()
+    try:
+        with server.client() as client:
+            _wait(client, running["id"], lambda j: j["progress"]["trials_done"] > done_at_kill, timeout=30)
+            resumed_after_s = time.monotonic() - restarted_at
+            first = _wait(client, running["id"], lambda j: j["status"] == "succeeded", timeout=180)
+            second = _wait(client, queued["id"], lambda j: j["status"] == "succeeded", timeout=120)
+    finally:
+        server.stop()
+    assert resumed_after_s < 30
+    assert first["summary"]["trials"] == 600 and second["summary"]["trials"] == 40
+    study = _study(database_url, running["id"])
+    assert len(study.get_trials(deepcopy=False, states=(COMPLETE,))) == 600
+    assert len(_pids(study)) == 2  # the killed server's worker and the restarted one
