@@ -1,15 +1,17 @@
 """The ParaPlan HTTP service: ``create_app`` builds the FastAPI application.
 
-On start it upgrades the database to the newest schema (Alembic) and, for ``paraplan serve``, starts
-an embedded worker thread; on shutdown it stops the worker (a running job goes back to the queue).
-Swagger UI is served at ``/docs`` from assets shipped by the ``fastapi-offline`` package (no CDN).
+On start it upgrades the database to the newest schema (Alembic), logs whether API keys are required
+and, for ``paraplan serve``, starts an embedded worker thread; on shutdown it stops the worker (a running
+job goes back to the queue). Swagger UI is served at ``/docs`` from assets shipped by the
+``fastapi-offline`` package (no CDN). Every request gets an id (``X-Request-ID``), one log line and its
+place in the Prometheus metrics (``ObserveRequests``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
+import time
 from contextlib import asynccontextmanager
 from importlib import resources
 
@@ -17,12 +19,16 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import MutableHeaders
 
 from app.core.config import Settings, get_settings
+from app.core.logging import RequestInfo, current_request, request_id_from
 from app.db.engine import get_sessionmaker
+from app.services.metrics import Metrics
 from costmodel.result import PARAPLAN_VERSION
 
 log = logging.getLogger("paraplan.api")
+http_log = logging.getLogger("paraplan.http")
 SWAGGER_ASSETS = resources.files("fastapi_offline") / "static"
 WORKER_JOIN_S = 8.0
 
@@ -97,21 +103,78 @@ class BodyLimit:
         return await self.app(scope, replay, send)
 
 
-class CountRequests:
-    def __init__(self, app, counts: Counter):
+class ObserveRequests:
+    """Per HTTP request: an id (the client's ``X-Request-ID`` if it is a sane token, else a new one), echoed
+    in the ``X-Request-ID`` response header and set in ``current_request`` so that every log line written
+    while serving it carries it; then one log line (method, path, status, duration, request id and the
+    caller's scope prefix ``key=...`` or ``key=open``, never the key) and the request's HTTP metrics."""
+
+    def __init__(self, app, metrics: Metrics):
         self.app = app
-        self.counts = counts
+        self.metrics = metrics
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        info = RequestInfo(request_id_from(_header(scope, b"x-request-id")))
+        token = current_request.set(info)
+        started, status = time.perf_counter(), 500  # 500 unless the app answers: it raised
 
-        async def counting_send(message):
+        async def send_with_id(message):
+            nonlocal status
             if message["type"] == "http.response.start":
-                self.counts[(scope["method"], message["status"])] += 1
+                status = message["status"]
+                MutableHeaders(scope=message)["X-Request-ID"] = info.request_id
             await send(message)
 
-        return await self.app(scope, receive, counting_send)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            self._record(scope, status, time.perf_counter() - started, info)
+        # Reset only after a normal answer: when the app raised, the error handler outside this middleware
+        # logs the traceback in this request's task, and that line should carry the request id too.
+        current_request.reset(token)
+
+    def _record(self, scope, status: int, seconds: float, info: RequestInfo) -> None:
+        route = getattr(scope.get("route"), "path", None) or "other"  # the template; set once a route matched
+        self.metrics.observe(scope["method"], route, status, seconds)
+        ms = round(seconds * 1000, 2)
+        http_log.info("%s %s %d %.1fms key=%s", scope["method"], printable(scope["path"]), status, ms, info.key,
+                      extra={"method": scope["method"], "path": scope["path"], "status": status,
+                             "duration_ms": ms, "key": info.key})
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def printable(path: str) -> str:
+    """A path as it may go into a text log line: control characters escaped (a client could send ``%0a``
+    to forge a line), quotes included."""
+    return json.dumps(path, ensure_ascii=False)[1:-1]
+
+
+def safe_url(url: str) -> str:
+    """A database URL as it may be logged: its password masked."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL fails at connect anyway; log nothing of it
+        return "(unparsable DATABASE_URL)"
+
+
+def log_auth_state(settings: Settings) -> None:
+    """Say at start whether the API needs a key (how many keys, never which)."""
+    n = len(settings.api_key_list)
+    if n:
+        log.info("authentication is ON: %d API key%s", n, "" if n == 1 else "s")
+    else:
+        log.warning("authentication is OFF: PARAPLAN_API_KEYS is not set; the API is open to anyone who can "
+                    "reach it")
 
 
 def create_app(settings: Settings | None = None, *, run_worker: bool = False, migrate: bool = True) -> FastAPI:
@@ -119,11 +182,12 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        log_auth_state(settings)
         if migrate:
             from app.db.migrate import upgrade
 
             rev = upgrade(settings.database_url)
-            log.info("database %s at revision %s", settings.database_url, rev)
+            log.info("database %s at revision %s", safe_url(settings.database_url), rev)
         worker_thread = None
         if run_worker:
             from app.worker import Worker, start_thread
@@ -143,7 +207,7 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
     app.state.sessions = get_sessionmaker(settings.database_url)
     app.state.worker = None
     app.state.wake = None
-    app.state.request_counts = Counter()
+    app.state.metrics = Metrics(app.state.sessions)
 
     from app.api.routes import catalog, evaluate, health, jobs, launch
 
@@ -163,10 +227,12 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.exception("unhandled error on %s %s", request.method, printable(request.url.path))
+        info = current_request.get()  # still set: see ObserveRequests
         return JSONResponse(status_code=500, content={"detail": [{"loc": [], "msg": "internal error; see the server "
-                                                                                     "log", "type": "internal"}]})
+                                                                                     "log", "type": "internal"}]},
+                            headers={"X-Request-ID": info.request_id} if info is not None else None)
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(CountRequests, counts=app.state.request_counts)
+    app.add_middleware(ObserveRequests, metrics=app.state.metrics)  # added last: outermost, times all
     return app

@@ -23,6 +23,15 @@ CLUSTER_FIELD = Field(
                 "`{\"base\": \"<profile>\", \"facts\": {\"memory_gib\": {\"value\": 96, \"source\": \"...\"}}}`.",
     examples=["ascend-910b"])
 
+# Ceilings of the numbers a request may carry, declared in the OpenAPI document (a value above one is a 422
+# naming the field). The settings PARAPLAN_MAX_DEVICES / _MAX_TRIALS / _MAX_TOP_K / _MAX_TIMEOUT_S may set
+# lower caps, also answered with a 422 naming the field.
+MAX_DEVICES = 1_000_000
+MAX_TRIALS = 10_000
+MAX_TOP_K = 1_000
+MAX_TIMEOUT_S = 86_400.0
+MAX_SEQ_LENGTH = 100_000_000  # as the model-spec cap on seq_length (app/services/inputs.py)
+
 
 class SearchOptions(BaseModel):
     """How to search; every field is optional. Defaults: `auto` sampler, 500 trials, top 10, a random
@@ -32,20 +41,23 @@ class SearchOptions(BaseModel):
 
     sampler: Sampler = Field("auto", description="`auto` is `exhaustive` for spaces of at most 20,000,000 "
                                                  "configs, else `tpe` (docs/search.md).")
-    n_trials: int = Field(DEFAULT_TRIALS, ge=1, description="Optuna trials (samplers); at most "
-                                                             "PARAPLAN_MAX_TRIALS (default 5000).")
-    top_k: int = Field(DEFAULT_TOP_K, ge=1, description="How many ranked configs to keep (at most PARAPLAN_MAX_TOP_K, "
-                                                        "default 100).")
+    n_trials: int = Field(DEFAULT_TRIALS, ge=1, le=MAX_TRIALS,
+                          description="Optuna trials (samplers); at most PARAPLAN_MAX_TRIALS (default 10000).")
+    top_k: int = Field(DEFAULT_TOP_K, ge=1, le=MAX_TOP_K,
+                       description="How many ranked configs to keep (at most PARAPLAN_MAX_TOP_K, default 100).")
     seed: int | None = Field(None, ge=0, le=2**32 - 1, description="Sampler seed; same seed, same result. "
                                                                    "Chosen at random (and recorded) when absent.")
-    timeout_s: float | None = Field(None, gt=0, description="Stop sampling after this many seconds "
-                                                            "(at most PARAPLAN_MAX_TIMEOUT_S, default 3600).")
+    timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S,
+                                    description="Stop sampling after this many seconds (at most "
+                                                "PARAPLAN_MAX_TIMEOUT_S, default 3600).")
     fixed: dict[str, Any] = Field(default_factory=dict, description="Config fields pinned to one value "
                                                                     "(as `--fix KEY=VALUE`).",
                                   examples=[{"recompute": "selective", "tp": 8}])
     allow_cross_domain_tp: bool = Field(False, description="Let tp span more than one scale-up domain.")
-    parallel_workers: int = Field(1, ge=1, le=1, description="Search threads per job; the service runs each "
-                                                             "job on one thread (only 1 is accepted).")
+    parallel_workers: int = Field(1, ge=1, le=64, description="Workers that may run this job's Optuna study at "
+                                                              "once, each adding trials until `n_trials` finished "
+                                                              "trials are in the study (samplers only; an "
+                                                              "exhaustive search runs on one worker).")
 
 
 class JobCreate(BaseModel):
@@ -57,13 +69,14 @@ class JobCreate(BaseModel):
 
     model: str | dict[str, Any] = MODEL_FIELD
     cluster: str | dict[str, Any] = CLUSTER_FIELD
-    devices: int = Field(ge=1, description="Number of devices (at most PARAPLAN_MAX_DEVICES).", examples=[6144])
+    devices: int = Field(ge=1, le=MAX_DEVICES, description="Number of devices (at most PARAPLAN_MAX_DEVICES).",
+                         examples=[6144])
     global_batch_size: int = Field(ge=1, le=100_000_000, description="Sequences per step.", examples=[7680])
     precision: Literal["bf16", "fp8"] = Field("bf16", description="`fp8` needs a profile FP8 peak.")
     moe_load_imbalance: float | None = Field(None, ge=1.0, le=64.0, description="max/mean routed tokens per "
                                                                               "EP rank; default 1.15.")
-    seq_length: int | None = Field(None, ge=1, description="Override the model's seq_length "
-                                                           "(as `--seq-length`).")
+    seq_length: int | None = Field(None, ge=1, le=MAX_SEQ_LENGTH, description="Override the model's "
+                                                                          "seq_length (as `--seq-length`).")
     search: SearchOptions = Field(default_factory=SearchOptions)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
 import uuid
 
@@ -13,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer
 
 from app.core.config import Settings
-from app.db.models import FINISHED, Job, JobConfig, utcnow
+from app.db.models import FINISHED, Job, JobConfig, JobLease, utcnow
 from app.schemas.jobs import JobCreate
 from costmodel.result import PARAPLAN_VERSION
 from search import AUTO_EXHAUSTIVE_MAX, SpaceError, build_space, validate_fixed
@@ -21,6 +22,8 @@ from search import AUTO_EXHAUSTIVE_MAX, SpaceError, build_space, validate_fixed
 from .errors import field_loc, http_error, invalid, not_found
 from .inputs import (GRID_CAP, check_config_ints, check_layout, check_stages, grid_estimate, resolve_cluster,
                      resolve_model)
+
+log = logging.getLogger("paraplan.jobs")
 
 REQUEST_FIELDS = ("model", "cluster", "devices", "global_batch_size", "precision", "moe_load_imbalance",
                   "seq_length")
@@ -86,9 +89,14 @@ def prepare(body: JobCreate, settings: Settings) -> dict:
     engine = s.sampler
     if engine == "auto":
         engine = "exhaustive" if space.size <= AUTO_EXHAUSTIVE_MAX else "tpe"
+    if engine == "exhaustive" and s.parallel_workers > 1 and s.sampler == "exhaustive":
+        raise invalid(["body", "search", "parallel_workers"], "an exhaustive search runs on one worker (it scores "
+                                                             "every config in seconds); parallel_workers is for the "
+                                                             "samplers tpe, nsga2 and random")
     seed = s.seed if s.seed is not None else secrets.randbelow(2**31)
     search = {**s.model_dump(mode="json"), "fixed": json.loads(json.dumps(fixed, default=str)), "seed": seed,
-              "engine": engine, "space_size": int(space.size)}
+              "engine": engine, "space_size": int(space.size),
+              "parallel_workers": s.parallel_workers if engine != "exhaustive" else 1}
     return {
         "model_spec": spec.model_dump(mode="json"),
         "cluster_name": profile.name,
@@ -106,21 +114,19 @@ def prepare(body: JobCreate, settings: Settings) -> dict:
 
 def create(db: Session, body: JobCreate, settings: Settings, scope: str,
            idempotency_key: str | None) -> tuple[Job, bool]:
-    """The new job (or, for a replayed Idempotency-Key with the same body, the existing one: ``True``)."""
+    """The new job, owned by ``scope`` (the caller's API-key hash); or, for a replayed Idempotency-Key with
+    the same body, the existing one (``True``)."""
     digest = request_hash(body)
     if idempotency_key is not None:
         existing = _by_key(db, scope, idempotency_key)
         if existing is not None:
             return _replay(existing, digest), True
-    queued = db.scalar(select(func.count()).select_from(Job).where(Job.status == "queued"))
-    if queued >= settings.max_queued_jobs:
-        raise http_error(429, ["body"], f"{queued} jobs are already queued (PARAPLAN_MAX_QUEUED_JOBS); "
-                                        "retry later", "too_many_jobs", headers={"Retry-After": "30"})
+    _check_queue(db, scope, settings.max_queued_jobs)
     fields = prepare(body, settings)
     now = utcnow()
     job = Job(id=str(uuid.uuid4()), status="queued", created_at=now, updated_at=now,
               request=body.model_dump(mode="json", exclude_unset=True), trials_done=0, cancel_requested=False,
-              attempts=0, idempotency_scope=scope if idempotency_key is not None else None,
+              attempts=0, owner=scope, idempotency_scope=scope if idempotency_key is not None else None,
               idempotency_key=idempotency_key, request_hash=digest, **fields)
     db.add(job)
     try:
@@ -131,7 +137,18 @@ def create(db: Session, body: JobCreate, settings: Settings, scope: str,
         if existing is None:
             raise
         return _replay(existing, digest), True
+    log.info("job %s queued", job.id, extra={"job_id": job.id})
     return job, False
+
+
+def _check_queue(db: Session, scope: str, cap: int) -> None:
+    """429 when this API key already has ``cap`` queued jobs. The cap is per key so that one busy client
+    cannot lock the others out (without keys every caller shares the scope "" and so one count)."""
+    queued = db.scalar(select(func.count()).select_from(Job).where(Job.owner == scope, Job.status == "queued"))
+    if queued >= cap:
+        raise http_error(429, ["body"], f"this API key already has {queued} queued jobs "
+                                        "(PARAPLAN_MAX_QUEUED_JOBS); retry later", "too_many_jobs",
+                         headers={"Retry-After": "30"})
 
 
 def _by_key(db: Session, scope: str, key: str) -> Job | None:
@@ -149,8 +166,11 @@ def _replay(job: Job, digest: str) -> Job:
 _HEAVY = (defer(Job.cluster_profile), defer(Job.request))
 
 
-def get(db: Session, job_id: str) -> Job:
-    job = db.get(Job, job_id, options=_HEAVY) if _is_uuid(job_id) else None
+def get(db: Session, job_id: str, *, owner: str) -> Job:
+    """The job if ``owner`` (the caller's scope) created it; else 404, the same as for an unknown id, so that
+    a key cannot even learn that another key's job exists."""
+    job = db.scalar(select(Job).options(*_HEAVY).where(Job.id == job_id, Job.owner == owner)) \
+        if _is_uuid(job_id) else None
     if job is None:
         raise not_found(job_id)
     return job
@@ -163,9 +183,10 @@ def _is_uuid(text: str) -> bool:
         return False
 
 
-def list_jobs(db: Session, status: str | None, limit: int, offset: int) -> tuple[list[Job], int]:
-    q = select(Job).options(*_HEAVY)
-    count = select(func.count()).select_from(Job)
+def list_jobs(db: Session, status: str | None, limit: int, offset: int, *, owner: str) -> tuple[list[Job], int]:
+    """A page of ``owner``'s jobs, newest first, and how many of its jobs match."""
+    q = select(Job).options(*_HEAVY).where(Job.owner == owner)
+    count = select(func.count()).select_from(Job).where(Job.owner == owner)
     if status:
         q, count = q.where(Job.status == status), count.where(Job.status == status)
     total = db.scalar(count)
@@ -185,9 +206,9 @@ CONFIG_SORTS = {"rank": JobConfig.rank.asc(), "tokens_per_s": JobConfig.tokens_p
                 "mfu": JobConfig.mfu.desc(), "peak_gib": JobConfig.peak_gib.asc()}
 
 
-def exists(db: Session, job_id: str) -> None:
-    """404 unless the job exists (a cheap check: no JSON columns are read)."""
-    if not _is_uuid(job_id) or db.scalar(select(Job.id).where(Job.id == job_id)) is None:
+def exists(db: Session, job_id: str, *, owner: str) -> None:
+    """404 unless ``owner`` has this job (a cheap check: no JSON columns are read)."""
+    if not _is_uuid(job_id) or db.scalar(select(Job.id).where(Job.id == job_id, Job.owner == owner)) is None:
         raise not_found(job_id)
 
 
@@ -208,6 +229,14 @@ def configs(db: Session, job_id: str, limit: int, offset: int, sort: str = "rank
     return [{"rank": r.rank, "config": r.config, "evaluation": r.evaluation} for r in rows], int(total)
 
 
+def ranked_config(db: Session, job: Job, rank: int) -> JobConfig:
+    """Config ``rank`` of a job (already checked to be the caller's); 404 naming the rank when it has none."""
+    row = db.scalar(select(JobConfig).where(JobConfig.job_id == job.id, JobConfig.rank == rank))
+    if row is None:
+        raise http_error(404, ["path", "rank"], f"job {job.id!r} has no config of rank {rank}", "not_found")
+    return row
+
+
 def cancel(db: Session, job: Job) -> Job:
     """Queued or running -> cancelled at once; the worker drops a cancelled job within a second.
     A finished job is returned as it is."""
@@ -215,10 +244,11 @@ def cancel(db: Session, job: Job) -> Job:
         return job
     now = utcnow()
     db.execute(update(Job).where(Job.id == job.id, Job.status.in_(("queued", "running")))
-               .values(status="cancelled", cancel_requested=True, finished_at=now, updated_at=now,
-                       lease_owner=None, lease_expires_at=None))
+               .values(status="cancelled", cancel_requested=True, finished_at=now, updated_at=now))
+    db.execute(delete(JobLease).where(JobLease.job_id == job.id))  # its workers see that at their next beat
     db.commit()
     db.refresh(job)
+    log.info("job %s cancelled", job.id, extra={"job_id": job.id})
     return job
 
 
@@ -228,6 +258,7 @@ def remove(db: Session, job: Job, storage_url: str) -> None:
     db.execute(delete(Job).where(Job.id == job.id))
     db.commit()
     delete_study(storage_url, study_name(job.id))
+    log.info("job %s deleted", job.id, extra={"job_id": job.id})
 
 
 def delete_study(storage_url: str, name: str) -> None:

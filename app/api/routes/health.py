@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
-from sqlalchemy import func, select, text
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.api.deps import api_scope, get_db
-from app.db.models import STATUSES, Job
 from app.schemas.common import AUTH_ERRORS
+from app.services.metrics import CONTENT_TYPE_LATEST
 from costmodel.result import PARAPLAN_VERSION
 
 router = APIRouter(tags=["service"])
@@ -37,13 +37,11 @@ async def healthz(request: Request, db: Session = Depends(get_db)):
 
 
 @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics",
+            description="Prometheus text format: `paraplan_jobs{status}`, `paraplan_trials_done`, "
+                        "`paraplan_trials_per_second` (read from the database now), "
+                        "`paraplan_http_requests_total{method,status}` and the latency histogram "
+                        "`paraplan_http_request_duration_seconds{method,route}` (`route` is the route's template).",
             dependencies=[Depends(api_scope)], responses=AUTH_ERRORS)
-def metrics(request: Request, db: Session = Depends(get_db)) -> str:
-    counts = dict(db.execute(select(Job.status, func.count()).group_by(Job.status)).all())
-    lines = ["# HELP paraplan_jobs Jobs in the database by status.", "# TYPE paraplan_jobs gauge"]
-    lines += [f'paraplan_jobs{{status="{s}"}} {counts.get(s, 0)}' for s in STATUSES]
-    lines += ["# HELP paraplan_http_requests_total HTTP requests answered, by method and status.",
-              "# TYPE paraplan_http_requests_total counter"]
-    for (method, status), n in sorted(request.app.state.request_counts.items()):
-        lines.append(f'paraplan_http_requests_total{{method="{method}",status="{status}"}} {n}')
-    return "\n".join(lines) + "\n"
+def metrics(request: Request) -> Response:
+    # a plain ``def``: collecting queries the database, so it runs in the thread pool
+    return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

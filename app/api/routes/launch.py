@@ -6,25 +6,24 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import PlainTextResponse
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.api.deps import api_scope, get_db
-from app.db.models import JobConfig
 from app.launch import format_args, launch_args
-from app.schemas.common import AUTH_ERRORS, error_doc
+from app.schemas.common import AUTH_ERRORS, error_doc, text_route
+from app.schemas.jobs import MAX_TOP_K
 from app.services import jobs as service
-from app.services.errors import http_error
 from costmodel import ModelSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(api_scope)], responses=AUTH_ERRORS)
 
-LAUNCH_ERRORS = {
+LAUNCH_ERRORS = text_route({
+    **AUTH_ERRORS,
     404: error_doc("No job with this id, or no config of this rank (yet).", ["path", "rank"],
                    "job 'd9b2d63d-a233-4123-847a-000000000000' has no config of rank 7", "not_found"),
     422: error_doc("Bad query or path parameter.", ["query", "format"],
                    "Input should be 'megatron' or 'mindspeed'", "literal_error"),
-}
+})  # errors are JSON; the 200 is text/plain
 
 
 @router.get("/{job_id}/configs/{rank}/launch", response_class=PlainTextResponse,
@@ -36,13 +35,11 @@ LAUNCH_ERRORS = {
                                                                    "--pipeline-model-parallel-size 16 \\\n..."}}},
                        **LAUNCH_ERRORS})
 def launch(job_id: Annotated[str, Path(description="The job's UUID.")],
-           rank: Annotated[int, Path(ge=1, description="The config's rank (1 = best).")],
+           rank: Annotated[int, Path(ge=1, le=MAX_TOP_K, description="The config's rank (1 = best).")],
            format: Annotated[Literal["megatron", "mindspeed"],  # noqa: A002 - the query parameter's name
                              Query(description="Training framework.")] = "megatron",
-           db: Session = Depends(get_db)) -> PlainTextResponse:
-    job = service.get(db, job_id)
-    row = db.scalar(select(JobConfig).where(JobConfig.job_id == job.id, JobConfig.rank == rank))
-    if row is None:
-        raise http_error(404, ["path", "rank"], f"job {job_id!r} has no config of rank {rank}", "not_found")
+           scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> PlainTextResponse:
+    job = service.get(db, job_id, owner=scope)  # another key's job is a 404 like an unknown one
+    row = service.ranked_config(db, job, rank)
     spec = ModelSpec.model_validate(job.model_spec)
     return PlainTextResponse(format_args(launch_args(row.config, spec, format)))
