@@ -91,7 +91,8 @@ def test_model_and_cluster_accept_specs_and_base_overrides(client):
     ({"search": {"fixed": {"bogus": 1}}}, ["body", "search", "fixed", "bogus"]),
     ({"search": {"fixed": {"tp": 3}}}, ["body", "search", "fixed"]),
     ({"search": {"fixed": {"pipeline_layout": "(t|)*1000000000"}}}, ["body", "search", "fixed", "pipeline_layout"]),
-    ({"search": {"parallel_workers": 4}}, ["body", "search", "parallel_workers"]),
+    ({"search": {"parallel_workers": 65}}, ["body", "search", "parallel_workers"]),
+    ({"search": {"sampler": "exhaustive", "parallel_workers": 2}}, ["body", "search", "parallel_workers"]),
     ({"search": {"fixed": {"pp": 2, "vpp": 10**6}}}, ["body", "search", "fixed", "vpp"]),
     ({"extra_field": 1}, ["body", "extra_field"]),
 ])
