@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from contextlib import asynccontextmanager
 from importlib import resources
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.core.config import Settings, get_settings
 from app.core.logging import RequestInfo, current_request, request_id_from
@@ -224,6 +229,21 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
                                    swagger_favicon_url="/static/swagger/favicon.png",
                                    swagger_ui_parameters={"displayRequestDuration": True,
                                                           "defaultModelsExpandDepth": 0})
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_input(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # The offending input is echoed back; bytes that are not UTF-8 and NaN/Infinity (which Python's JSON
+        # parser accepts) must not turn the 422 into a 500 while it is encoded.
+        detail = jsonable_encoder(exc.errors(), custom_encoder={
+            bytes: lambda b: b.decode("utf-8", "replace"), float: lambda f: f if math.isfinite(f) else str(f)})
+        return JSONResponse(status_code=422, content={"detail": detail})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # not UTF-8 text
+            return JSONResponse(status_code=422, content={"detail": [{
+                "loc": ["body"], "msg": "the body is not JSON (not UTF-8 text)", "type": "json_invalid"}]})
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

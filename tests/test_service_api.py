@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import uuid
 import warnings
 
@@ -92,6 +94,8 @@ def test_model_and_cluster_accept_specs_and_base_overrides(client):
     ({"search": {"fixed": {"tp": 3}}}, ["body", "search", "fixed"]),
     ({"search": {"fixed": {"pipeline_layout": "(t|)*1000000000"}}}, ["body", "search", "fixed", "pipeline_layout"]),
     ({"search": {"parallel_workers": 65}}, ["body", "search", "parallel_workers"]),
+    ({"cluster": {"base": "nvidia-h100-80gb", "facts": {"scale_out_bandwidth_gbps": {"value": -1, "source": "x"}}}},
+     ["body", "cluster"]),
     ({"search": {"sampler": "exhaustive", "parallel_workers": 2}}, ["body", "search", "parallel_workers"]),
     ({"search": {"fixed": {"pp": 2, "vpp": 10**6}}}, ["body", "search", "fixed", "vpp"]),
     ({"extra_field": 1}, ["body", "extra_field"]),
@@ -106,6 +110,20 @@ def test_bad_job_input_is_422_naming_the_field(client, change, loc):
     assert detail[0]["loc"][:len(loc)] == loc, detail
     assert detail[0]["msg"]
     assert client.get("/v1/jobs").json()["total"] == 0  # nothing stored
+
+
+def test_nan_in_a_cluster_fact_is_422_not_a_feasible_result(client):
+    cluster = {"base": "nvidia-h100-80gb", "facts": {"scale_out_bandwidth_gbps": {"value": 1.0, "source": "x"}}}
+    job = {**TINY_JOB, "cluster": cluster}
+    evaluation = {"model": "tiny-moe", "cluster": cluster, "devices": 8, "config": {"micro_batch_size": 1,
+                                                                                    "global_batch_size": 64}}
+    for path, body in (("/v1/jobs", job), ("/v1/evaluate", evaluation)):
+        content = json.dumps(body).replace("1.0", "NaN")
+        r = client.post(path, content=content, headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"][:2] == ["body", "cluster"], r.text
+        r = client.post(path, json=body)  # the same with a real number passes
+        assert r.status_code in (200, 202), r.text
 
 
 def test_malformed_json_and_missing_body_are_422(client):

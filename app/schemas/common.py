@@ -29,18 +29,45 @@ class Page(BaseModel, Generic[T]):
     offset: int = Field(description="How many matching items come before this page.")
 
 
-def error_doc(description: str, loc: list, msg: str, type_: str) -> dict:
-    return {"model": ErrorResponse, "description": description,
-            "content": {"application/json": {"example": {"detail": [{"loc": loc, "msg": msg, "type": type_}]}}}}
+# Bounds of the paging and rank parameters (declared in the OpenAPI document; beyond them is a 422).
+MAX_PAGE_SIZE = 500
+MAX_OFFSET = 1_000_000_000
 
 
-# The answers every /v1 route may give besides its own.
-AUTH_ERRORS = {401: error_doc("Missing or unknown API key (only when PARAPLAN_API_KEYS is set).",
+def error_doc(description: str, loc: list, msg: str, type_: str, headers: dict | None = None) -> dict:
+    """An error answer for ``responses=``: always ``application/json`` with the ``ErrorResponse`` schema.
+
+    The schema is written out under ``application/json`` (and ``model`` registers the component): FastAPI
+    would also put a ``model`` under the route's own media type, which is wrong for the text and HTML
+    routes; those take ``text_route(...)`` of these dicts, which drops ``model``."""
+    doc = {"model": ErrorResponse, "description": description,
+           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"},
+                                            "example": {"detail": [{"loc": loc, "msg": msg, "type": type_}]}}}}
+    if headers:
+        doc["headers"] = headers
+    return doc
+
+
+def text_route(responses: dict) -> dict:
+    """The error answers of a route whose success is not JSON (``text/plain``, ``text/html``)."""
+    return {code: {k: v for k, v in doc.items() if k != "model"} for code, doc in responses.items()}
+
+
+def header_doc(description: str, example: str, required: bool = True) -> dict:
+    return {"description": description, "required": required, "schema": {"type": "string"}, "example": example}
+
+
+# The answers every /v1 route (and /metrics) may give besides its own; without ``model``, as some of these
+# routes answer text or HTML (the components are registered by the JSON routes' errors).
+AUTH_ERRORS = text_route({401: error_doc("Missing or unknown API key (only when PARAPLAN_API_KEYS is set).",
                               ["header", "Authorization"], "a valid API key is required (Authorization: Bearer KEY)",
-                              "unauthorized")}
+                              "unauthorized",
+                              headers={"WWW-Authenticate": header_doc("The scheme to use.", "Bearer")})})
+# Any POST body (even of a route that reads none) is counted against PARAPLAN_MAX_BODY_BYTES.
+TOO_LARGE = {413: error_doc("Request body larger than PARAPLAN_MAX_BODY_BYTES.", ["body"],
+                            "the request body is larger than 1048576 bytes", "body_too_large")}
 BODY_ERRORS = {
-    413: error_doc("Request body larger than PARAPLAN_MAX_BODY_BYTES.", ["body"],
-                   "the request body is larger than 1048576 bytes", "body_too_large"),
+    **TOO_LARGE,
     422: error_doc("Bad input: the field and the reason.", ["body", "model"],
                    "unknown model preset 'nope'; known: deepseek-v3-671b, ...", "value_error"),
 }

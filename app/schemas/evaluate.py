@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .jobs import CLUSTER_FIELD, MODEL_FIELD
+from .jobs import CLUSTER_FIELD, MAX_DEVICES, MAX_SEQ_LENGTH, MODEL_FIELD
 
 
 class EvaluateRequest(BaseModel):
@@ -19,6 +19,7 @@ class EvaluateRequest(BaseModel):
 
     model: str | dict[str, Any] = MODEL_FIELD
     cluster: str | dict[str, Any] = CLUSTER_FIELD
-    devices: int = Field(ge=1, description="Number of devices.", examples=[6144])
+    devices: int = Field(ge=1, le=MAX_DEVICES, description="Number of devices (at most PARAPLAN_MAX_DEVICES).",
+                         examples=[6144])
     config: dict[str, Any] = Field(description="The training config (CONTRACT.md, \"Training config\").")
-    seq_length: int | None = Field(None, ge=1, description="Override the model's seq_length.")
+    seq_length: int | None = Field(None, ge=1, le=MAX_SEQ_LENGTH, description="Override the model's seq_length.")

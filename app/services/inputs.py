@@ -102,6 +102,11 @@ def resolve_cluster(value: str | dict) -> ClusterProfile:
             v = profile.fact(key)
             if v is None or not math.isfinite(v) or v <= 0:
                 raise invalid(["body", "cluster", "facts", key, "value"], "must be a positive number")
+    # Any other NaN, infinite or negative number would give a "feasible" result with null times.
+    for group in ("facts", "efficiency"):
+        for key, item in getattr(profile, group).items():
+            if item.value is not None and (not math.isfinite(item.value) or item.value < 0):
+                raise invalid(["body", "cluster", group, key, "value"], "must be a finite number >= 0")
     return profile
 
 
