@@ -122,6 +122,9 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
     command = argv[argv.index("--") + 1:]
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the server on SIGTERM too
     with PostgresServer(durable=durable) as pg:
         print(f"postgres_server: PostgreSQL running on 127.0.0.1:{pg.port} as "
               f"{pg.user or pwd.getpwuid(os.geteuid()).pw_name} ({pg.bin})", file=sys.stderr, flush=True)

@@ -114,6 +114,8 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
     root.setLevel(level.upper())
     logging.captureWarnings(True)
     _route_optuna_logs()
+    # Alembic announces its autogenerate plugins at every start; the migration lines themselves stay.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 def _route_optuna_logs() -> None:
