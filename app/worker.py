@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import logging
@@ -34,7 +35,7 @@ import uuid
 from functools import lru_cache
 
 from sqlalchemy import case, delete, exists, select, update
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.config import Settings, get_settings
 from app.db.engine import engine_kwargs, get_sessionmaker, is_sqlite, tune_sqlite
@@ -42,7 +43,8 @@ from app.db.models import Job, JobConfig, JobLease, utcnow
 from costmodel import ClusterProfile, ModelSpec
 
 log = logging.getLogger("paraplan.worker")
-CLAIM_CANDIDATES = 50  # jobs looked at per claim (locked and skipped by the others on PostgreSQL)
+CLAIM_CANDIDATES = 50  # jobs looked at per claim and status (locked and skipped by the others on PostgreSQL)
+TRANSIENT_BACKOFF_S = 5.0  # pause after a database error took a running job away
 
 
 class Cancelled(Exception):
@@ -78,6 +80,16 @@ def _job_update(*where):
     return update(Job).execution_options(synchronize_session=False).where(*where)
 
 
+def host_id() -> str:
+    """This host as lease owners name it: the host name and the pid namespace, so that containers sharing
+    a host name (host networking) never judge each other's workers by their process ids."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return f"{socket.gethostname()}/{ns}"
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -97,9 +109,6 @@ def user_error(exc: BaseException) -> str:
     if isinstance(exc, MemoryError):
         return ("the search ran out of memory; pin some dimensions with search.fixed, or use a sampler "
                 "instead of exhaustive")
-    if isinstance(exc, SQLAlchemyError):
-        first = str(exc).splitlines()[0][:300]
-        return f"the database was unavailable while the search ran ({first}); submit the job again"
     text = str(exc).splitlines()[0][:500] if str(exc) else ""
     return f"the search failed unexpectedly ({type(exc).__name__}{': ' + text if text else ''})"
 
@@ -108,7 +117,7 @@ class Worker:
     def __init__(self, settings: Settings | None = None, name: str | None = None):
         self.settings = settings or get_settings()
         self.url = self.settings.database_url
-        self.host = socket.gethostname()
+        self.host = host_id()
         self.owner = name or f"{self.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stop_event = threading.Event()
         self.wake = threading.Event()
@@ -121,9 +130,10 @@ class Worker:
         while not self.stop_event.is_set():
             try:
                 job_id = self.claim()
-                if job_id is not None:
-                    self.run_job(job_id)
+                if job_id is not None and self.run_job(job_id) != "retry":
                     continue
+                if job_id is not None:  # the database failed under the job: give it a moment
+                    self.wake.wait(TRANSIENT_BACKOFF_S)
             except SQLAlchemyError as exc:  # the database is busy or away: retry after a pause
                 log.warning("worker: database error (%s); retrying", str(exc).splitlines()[0])
             except Exception:  # noqa: BLE001 - the worker loop outlives any one job's surprise
@@ -162,11 +172,12 @@ class Worker:
         queued); None when there is none."""
         now = utcnow()
         with self._sessions() as db:
-            rows = db.execute(
+            # Running jobs and queued ones are looked at apart: running jobs that are full must not hide
+            # the queue from every claimer.
+            rows = [row for status in ("running", "queued") for row in db.execute(
                 select(Job.id, Job.status, Job.search, Job.attempts, Job.leases_lost)
-                .where(Job.status.in_(("queued", "running")))
-                .order_by(Job.status.desc(), Job.created_at).limit(CLAIM_CANDIDATES)
-                .with_for_update(skip_locked=True)).all()
+                .where(Job.status == status).order_by(Job.created_at).limit(CLAIM_CANDIDATES)
+                .with_for_update(skip_locked=True)).all()]
             running = [r.id for r in rows if r.status == "running"]
             leases: dict[str, list[JobLease]] = {}
             if running:
@@ -183,15 +194,18 @@ class Worker:
         """Claim ``row`` in the open transaction if it has room for this worker."""
         lost = [lease for lease in leases if self._expired(lease, now)]
         live = len(leases) - len(lost)
-        if lost:
-            db.execute(delete(JobLease).where(JobLease.job_id == row.id,
-                                              JobLease.worker.in_([lease.worker for lease in lost])))
-            db.execute(_job_update(Job.id == row.id).values(leases_lost=Job.leases_lost + len(lost)))
+        dropped = sum(  # each lease as read: one renewed meanwhile, or dropped by another claimer, stays out
+            db.execute(delete(JobLease).where(JobLease.job_id == row.id, JobLease.worker == lease.worker,
+                                              JobLease.expires_at == lease.expires_at)).rowcount
+            for lease in lost)
+        if dropped:
+            db.execute(_job_update(Job.id == row.id).values(leases_lost=Job.leases_lost + dropped))
             log.warning("job %s: lease lost by %s", row.id, ", ".join(lease.worker for lease in lost))
-            if live == 0 and row.leases_lost + len(lost) >= self.settings.max_attempts:
-                db.execute(_job_update(Job.id == row.id, Job.status == "running").values(
+            if live == 0 and row.leases_lost + dropped >= self.settings.max_attempts:
+                db.execute(_job_update(Job.id == row.id, Job.status == "running", Job.attempts == row.attempts,
+                                       ~exists().where(JobLease.job_id == row.id)).values(
                     status="failed", finished_at=now, updated_at=now,
-                    error=f"the job's workers stopped {row.leases_lost + len(lost)} times while running it "
+                    error=f"the job's workers stopped {row.leases_lost + dropped} times while running it "
                           "(lost leases); giving up"))
                 return False
         if row.status == "running" and live >= _wanted_workers(row.search):
@@ -238,14 +252,18 @@ class Worker:
         beat_stop = threading.Event()
 
         def heartbeat() -> None:
-            interval = min(0.5, self.settings.progress_s)
+            interval, renewed = min(0.5, self.settings.progress_s), time.monotonic()
             while not beat_stop.wait(interval):
                 try:
                     if not self._renew(job_id, min(progress["done"], progress["total"]), progress["total"]):
                         lost.set()
                         return
-                except OperationalError as exc:  # busy database: try again at the next beat
-                    log.warning("job %s: heartbeat failed (%s)", job_id, str(exc).splitlines()[0])
+                    renewed = time.monotonic()
+                except Exception as exc:  # noqa: BLE001 - busy or unreachable database: try again at the next beat
+                    log.warning("job %s: lease renewal failed (%s)", job_id, str(exc).splitlines()[0])
+                    if time.monotonic() - renewed > self.settings.lease_s:  # others may have taken the job
+                        lost.set()
+                        return
 
         def on_progress(done: int, total: int) -> None:
             progress["done"], progress["total"] = int(done), int(total)
@@ -263,6 +281,7 @@ class Worker:
                      job.attempts)
             result = run_search(req, progress=on_progress)
         except Cancelled:
+            self._drop_lease(job_id)
             log.info("job %s: no longer ours (cancelled, deleted or finished by another worker); stopped after "
                      "%.1f s", job_id, time.perf_counter() - started)
             return "cancelled"
@@ -271,6 +290,12 @@ class Worker:
             log.info("job %s: worker stopping; lease released", job_id)
             return "queued"
         except Exception as exc:  # noqa: BLE001 - a failed job records why
+            if _transient(exc):  # the database, not the job: leave it to this or another worker, later
+                log.warning("job %s: database error while running (%s); lease released, retrying later", job_id,
+                            str(exc).splitlines()[0][:300])
+                with contextlib.suppress(Exception):
+                    self._release(job_id)
+                return "retry"
             if lost.is_set():  # deleted under the search (its study too): nothing to record
                 log.info("job %s: cancelled or deleted while running (%s)", job_id, type(exc).__name__)
                 return "cancelled"
@@ -303,10 +328,18 @@ class Worker:
             allow_cross_domain_tp=s.get("allow_cross_domain_tp", False), storage=storage, study_name=name,
             timeout_s=s.get("timeout_s"), worker=self.owner)
 
+    def _drop_lease(self, job_id: str) -> None:
+        with contextlib.suppress(SQLAlchemyError), self._sessions() as db:
+            db.execute(delete(JobLease).where(JobLease.job_id == job_id, JobLease.worker == self.owner))
+            db.commit()
+
     def _release(self, job_id: str) -> None:
         """Drop this worker's lease; a job left with no live worker goes back to the queue."""
         now = utcnow()
         with self._sessions() as db:
+            # Lock the job row first, as a claimer does: a worker joining meanwhile is then either seen (its
+            # lease committed) or waits and finds the job queued.
+            db.execute(select(Job.id).where(Job.id == job_id).with_for_update())
             db.execute(delete(JobLease).where(JobLease.job_id == job_id, JobLease.worker == self.owner))
             db.execute(_job_update(Job.id == job_id, Job.status == "running",
                                    ~exists().where(JobLease.job_id == job_id)).values(
@@ -339,6 +372,13 @@ class Worker:
             db.commit()
         log.info("job %s: succeeded (%d ranked configs)", job_id, len(result["top"]))
         return "succeeded"
+
+
+def _transient(exc: BaseException) -> bool:
+    """A database error (directly, or wrapped by Optuna's storage), not a property of the job."""
+    import optuna
+
+    return isinstance(exc, (SQLAlchemyError, optuna.exceptions.StorageInternalError))
 
 
 def _wanted_workers(search: dict) -> int:

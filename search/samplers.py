@@ -133,7 +133,8 @@ def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: 
             if progress:
                 progress(complete, n_trials)  # may raise to stop this worker (cancelled, shutting down)
             timed_out = timeout_s is not None and clock() - started > timeout_s
-            with reservation_lock(storage, study.study_name):
+            waiting = (lambda: progress(complete, n_trials)) if progress else None  # cancel/stop while waiting
+            with reservation_lock(storage, study.study_name, on_wait=waiting):
                 fail_stale_trials(study, storage)
                 states = [t.state for t in study.get_trials(deepcopy=False, states=(COMPLETE, RUNNING))]
                 complete = states.count(COMPLETE)
@@ -154,8 +155,6 @@ def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: 
             complete += _score_round(space, study, trials, multi, worker)
     finally:
         heartbeat.close()
-    if progress:
-        progress(min(complete, n_trials), n_trials)
     ranked = rank_trials(space, study.get_trials(deepcopy=False, states=(COMPLETE,)), top_k)
     ranked.pareto = _pareto(study, space) if multi else None
     ranked.extra["study_name"] = study.study_name
@@ -180,18 +179,17 @@ def _score_round(space: SearchSpace, study: optuna.Study, trials: list, multi: b
         sl = slice(start, start + len(group))
         start += len(group)
         try:
-            _tell(study, trial, *(a[sl] for a in scores), capacity_gib=space.profile.fact("memory_gib"), multi=multi,
-                  worker=worker)
-            told += 1
+            told += _tell(study, trial, *(a[sl] for a in scores), capacity_gib=space.profile.fact("memory_gib"),
+                          multi=multi, worker=worker)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass
     return told
 
 
 def _tell(study: optuna.Study, trial, valid, ok, tok, pk, *, capacity_gib: float, multi: bool,
-          worker: str | None) -> None:
+          worker: str | None) -> bool:
     """Tell one trial its layout's best feasible throughput (and memory headroom for NSGA-II), with the
-    memory violation as its constraint."""
+    memory violation as its constraint; False when another worker failed the trial first."""
     best = int(np.argmax(np.where(ok, tok, -np.inf))) if ok.any() else None
     if best is not None:
         violation = 0.0
@@ -205,9 +203,11 @@ def _tell(study: optuna.Study, trial, valid, ok, tok, pk, *, capacity_gib: float
     tokens = float(tok[best]) if best is not None else 0.0
     if multi:
         headroom = capacity_gib - float(pk[best]) if best is not None else -INVALID_VIOLATION
-        study.tell(trial, [tokens, headroom])
+        values = [tokens, headroom]
     else:
-        study.tell(trial, tokens)
+        values = tokens
+    # skip_if_finished: a trial failed as stale meanwhile stays failed (its rerun is queued)
+    return study.tell(trial, values, skip_if_finished=True).state == COMPLETE
 
 
 def _score(space: SearchSpace, choices: list[dict]) -> tuple[np.ndarray, ...]:

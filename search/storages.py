@@ -23,7 +23,8 @@ import contextlib
 import fcntl
 import hashlib
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import optuna
@@ -59,36 +60,62 @@ def _key64(name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"paraplan-study:{name}".encode()).digest()[:8], "big", signed=True)
 
 
+LOCK_POLL_S = 0.05
+# A PostgreSQL lock holder whose host vanished keeps its session (and the lock) until TCP notices, hours
+# later; its transaction is idle while it holds the lock, so the server ends it after this long instead.
+PG_LOCK_IDLE_TIMEOUT = "60s"
+
+
 @contextlib.contextmanager
-def reservation_lock(storage, study_name: str) -> Iterator[None]:
-    """Hold the study's reservation lock (see the module docstring) for the ``with`` block."""
+def reservation_lock(storage, study_name: str, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold the study's reservation lock (see the module docstring) for the ``with`` block. While
+    waiting for it, ``on_wait`` is called every few tens of milliseconds (it may raise to give up)."""
     rdb = _rdb(storage)
     dialect = rdb.engine.dialect.name if rdb is not None else None
+    on_wait = on_wait or (lambda: None)
     if dialect == "postgresql":
-        from sqlalchemy import text
-
-        with rdb.engine.connect() as conn:
-            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _key64(study_name)})
-            conn.commit()
-            try:
-                yield
-            finally:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _key64(study_name)})
-                conn.commit()
+        with _pg_lock(rdb, _key64(study_name), on_wait):
+            yield
         return
     if dialect == "sqlite" and rdb.engine.url.database not in (None, "", ":memory:"):
-        path = Path(f"{rdb.engine.url.database}.trials-lock")
-        with open(path, "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+        with open(Path(f"{rdb.engine.url.database}.trials-lock"), "a") as fh:
+            while True:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    on_wait()
+                    time.sleep(LOCK_POLL_S)
             try:
                 yield
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
         return
-    with _THREAD_LOCKS_GUARD:
+    with _THREAD_LOCKS_GUARD:  # in memory (one process), or a backend without a shared lock here
         lock = _THREAD_LOCKS.setdefault(study_name, threading.Lock())
-    with lock:
+    while not lock.acquire(timeout=LOCK_POLL_S):
+        on_wait()
+    try:
         yield
+    finally:
+        lock.release()
+
+
+@contextlib.contextmanager
+def _pg_lock(rdb: RDBStorage, key: int, on_wait: Callable[[], None]) -> Iterator[None]:
+    """A transaction-level advisory lock, taken by polling ``pg_try_advisory_xact_lock`` and released by
+    the transaction's end (commit, rollback, or the server ending an idle holder's session)."""
+    from sqlalchemy import text
+
+    with rdb.engine.connect() as conn:
+        try:
+            conn.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = '{PG_LOCK_IDLE_TIMEOUT}'"))
+            while not conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}).scalar():
+                on_wait()
+                time.sleep(LOCK_POLL_S)
+            yield
+        finally:
+            conn.rollback()  # ends the transaction: the lock goes with it
 
 
 class TrialHeartbeat:
@@ -155,8 +182,8 @@ def fail_stale_trials(study: optuna.Study, storage) -> None:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
     rdb = _rdb(storage)
-    if rdb is None or rdb.get_heartbeat_interval() is None:
-        return
+    if rdb is None or rdb.get_heartbeat_interval() is None or rdb.engine.dialect.name not in ("postgresql", "sqlite"):
+        return  # the rule needs the lock shared by every process (see ``reservation_lock``)
     from sqlalchemy import text
 
     study_id = rdb.get_study_id_from_name(study.study_name)

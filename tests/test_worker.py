@@ -24,7 +24,7 @@ from app.core.config import Settings  # noqa: E402
 from app.db.engine import get_sessionmaker  # noqa: E402
 from app.db.models import Job, JobConfig, JobLease, utcnow  # noqa: E402
 from app.main import create_app  # noqa: E402
-from app.worker import Worker  # noqa: E402
+from app.worker import Worker, host_id  # noqa: E402
 from search import SearchRequest, run_search  # noqa: E402
 from service_util import PANGU_JOB, TINY_JOB  # noqa: E402
 
@@ -167,7 +167,11 @@ def test_lost_leases_are_reclaimed(env):
     assert worker.claim() == job_id  # expired
     dead = subprocess.Popen(["true"])
     dead.wait()
-    _force_running(sessions, job_id, f"{socket.gethostname()}:{dead.pid}:abc", future)
+    _force_running(sessions, job_id, f"{host_id()}:{dead.pid}:abc", future)
+    assert worker.claim() == job_id  # its worker process on this host is gone
+    _force_running(sessions, job_id, f"{socket.gethostname()}/1:{dead.pid}:abc", future)
+    assert worker.claim() is None  # same host name, another pid namespace (a container): its lease holds
+    _force_running(sessions, job_id, f"{host_id()}:{dead.pid}:abc", future)
     assert worker.claim() == job_id  # its worker process on this host is gone
     assert leases(sessions, job_id) == [worker.owner]  # the dead one's lease is dropped
     assert worker.run_job(job_id) == "succeeded"
@@ -210,3 +214,21 @@ def test_a_job_cancelled_at_the_last_moment_gets_no_configs(env):
     with sessions() as db:
         assert db.scalars(select(JobConfig).where(JobConfig.job_id == job_id)).all() == []
     assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
+
+
+def test_a_database_error_under_a_running_search_requeues_the_job_instead_of_failing_it(env, monkeypatch):
+    settings, client, sessions = env
+    job_id = client.post("/v1/jobs", json={**TINY_JOB, "search": {"sampler": "random", "n_trials": 5}}).json()["id"]
+    worker = Worker(settings)
+    assert worker.claim() == job_id
+
+    def broken(*_a, **_k):
+        raise optuna.exceptions.StorageInternalError("An exception is raised during the commit")
+
+    monkeypatch.setattr("search.run_search", broken)
+    assert worker.run_job(job_id) == "retry"
+    row = job_row(sessions, job_id)
+    assert row.status == "queued" and row.error is None and leases(sessions, job_id) == []
+    monkeypatch.undo()
+    assert worker.run_until_idle() == 1
+    assert job_row(sessions, job_id).status == "succeeded"
