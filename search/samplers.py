@@ -146,7 +146,7 @@ def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: 
                         warnings.filterwarnings("ignore", message="Heartbeat of storage", category=UserWarning)
                         trials.append(study.ask())
                     heartbeat.first_beat(trials[-1]._trial_id)  # noqa: SLF001 - Optuna's heartbeats key on it
-                heartbeat.beat([t._trial_id for t in trials], first=False)  # noqa: SLF001
+                heartbeat.track([t._trial_id for t in trials])  # noqa: SLF001
             if complete >= n_trials or timed_out:
                 break
             if not trials:  # the budget is reserved by trials in flight (or by a dead worker's, until stale)

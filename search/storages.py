@@ -134,15 +134,12 @@ class TrialHeartbeat:
     def enabled(self) -> bool:
         return self.interval_s is not None
 
-    def beat(self, trial_ids: list[int], first: bool = True) -> None:
-        """Beat for these trials from now on (the previous set is dropped), after one heartbeat each now
-        (``first=False``: they just had it, see ``first_beat``)."""
+    def track(self, trial_ids: list[int]) -> None:
+        """Beat for these trials from now on (the previous set is dropped); each had its ``first_beat``."""
         if not self.enabled:
             return
         with self._lock:
             self.trial_ids = list(trial_ids)
-            for trial_id in self.trial_ids if first else ():
-                self.rdb.record_heartbeat(trial_id)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="optuna-heartbeat", daemon=True)
             self._thread.start()
@@ -155,11 +152,12 @@ class TrialHeartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             with self._lock:
-                for trial_id in self.trial_ids:
-                    try:
-                        self.rdb.record_heartbeat(trial_id)
-                    except Exception:  # noqa: BLE001 - a busy database: the next beat tries again
-                        pass
+                trial_ids = list(self.trial_ids)
+            for trial_id in trial_ids:
+                try:
+                    self.rdb.record_heartbeat(trial_id)
+                except Exception:  # noqa: BLE001 - a busy database: the next beat tries again
+                    pass
 
     def close(self) -> None:
         self._stop.set()
