@@ -22,6 +22,14 @@ DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 # above the mean (DeepSeek-V3 §2.1.2 reports well-balanced but not perfectly balanced expert load).
 DEFAULT_MOE_LOAD_IMBALANCE = 1.15
 NO_VALUE = -1  # integer columns use -1 for "not set"
+CP_COMM_CODES = {"p2p": 0, "a2a": 1, "allgather": 2, "a2a+p2p": 3}
+SHARDING_CODES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+# Columns added after the first release: a batch built without them (the search's own arrays) gets
+# each config's default, so a new field never changes what an older caller scores.
+_DEFAULTS = {"moe_a2a_hierarchical": (True, bool), "cp_comm": (0, np.int64),
+             "main_grads_bytes": (4.0, np.float64), "main_params_bytes": (4.0, np.float64),
+             "exp_avg_bytes": (4.0, np.float64), "exp_avg_sq_bytes": (4.0, np.float64)}
 
 
 def modules_mask(modules) -> int:
@@ -61,6 +69,22 @@ class ConfigBatch:
     moe_a2a_overlap: np.ndarray
     moe_load_imbalance: np.ndarray
     layouts: list[str] = field(default_factory=list)
+    moe_a2a_hierarchical: np.ndarray | None = None
+    cp_comm: np.ndarray | None = None  # CP_COMM_CODES
+    main_grads_bytes: np.ndarray | None = None  # bytes per parameter of each model-state part
+    main_params_bytes: np.ndarray | None = None
+    exp_avg_bytes: np.ndarray | None = None
+    exp_avg_sq_bytes: np.ndarray | None = None
+    sharding: np.ndarray | None = None  # SHARDING_CODES; default from distributed_optimizer
+
+    def __post_init__(self) -> None:
+        n = len(self.tp)
+        for name, (value, dtype) in _DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, np.full(n, value, dtype=dtype))
+        if self.sharding is None:
+            self.sharding = np.where(self.distributed_optimizer, SHARDING_CODES["optim"],
+                                     SHARDING_CODES["no_shard"]).astype(np.int64)
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -114,6 +138,13 @@ class ConfigBatch:
                 lambda c: DEFAULT_MOE_LOAD_IMBALANCE if c.moe_load_imbalance is None else c.moe_load_imbalance,
                 np.float64),
             layouts=layouts,
+            moe_a2a_hierarchical=col(lambda c: c.moe_a2a_algorithm == "hierarchical", bool),
+            cp_comm=col(lambda c: CP_COMM_CODES[c.cp_comm_type], np.int64),
+            main_grads_bytes=col(lambda c: DTYPE_BYTES[c.main_grads_dtype], np.float64),
+            main_params_bytes=col(lambda c: DTYPE_BYTES[c.main_params_dtype], np.float64),
+            exp_avg_bytes=col(lambda c: DTYPE_BYTES[c.exp_avg_dtype], np.float64),
+            exp_avg_sq_bytes=col(lambda c: DTYPE_BYTES[c.exp_avg_sq_dtype], np.float64),
+            sharding=col(lambda c: SHARDING_CODES[c.sharding], np.int64),
         )
 
     def take(self, idx: np.ndarray) -> "ConfigBatch":

@@ -139,6 +139,25 @@ class TrainingConfig(BaseModel):
     precision: Literal["bf16", "fp8"] = "bf16"
     moe_a2a_overlap: bool = False
     moe_load_imbalance: float | None = Field(default=None, ge=1.0, le=64.0)
+    # Expert-parallel dispatch across nodes: "hierarchical" sends a token once per destination node and
+    # fans it out inside the node (DeepEP's normal kernels, Huawei's hierarchical all-to-all on Atlas
+    # 800T A2); "flat" sends one copy per destination expert rank (Megatron's alltoall dispatcher).
+    moe_a2a_algorithm: Literal["flat", "hierarchical"] = "hierarchical"
+    # Context-parallel attention (Megatron-Core --cp-comm-type; MindSpeed --context-parallel-algo):
+    # "p2p" ring (megatron_cp_algo), "a2a" Ulysses (ulysses_cp_algo), "a2a+p2p" Ulysses inside the
+    # scale-up domain and a ring across (hybrid_cp_algo), "allgather" K/V all-gather.
+    cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"
+    # Model-state dtypes and sharding (Megatron-Core's precision-aware optimizer flags
+    # --main-grads-dtype, --main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype; Megatron-FSDP's
+    # --data-parallel-sharding-strategy). "bf16" main params stand for NeMo's distributed fused Adam
+    # with store_param_remainders (the 16 low bits of the fp32 master beside the bf16 weights).
+    main_grads_dtype: Literal["fp32", "bf16"] = "fp32"
+    main_params_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+    exp_avg_dtype: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
+    exp_avg_sq_dtype: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
+    # None: "optim" with distributed_optimizer, else "no_shard" (ZeRO-1 / DDP). "optim_grads" is
+    # ZeRO-2 (gradients reduce-scattered and kept sharded), "optim_grads_params" ZeRO-3 / FSDP.
+    data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] | None = None
 
     @field_validator("recompute_modules")
     @classmethod
@@ -153,6 +172,13 @@ class TrainingConfig(BaseModel):
     @property
     def sp(self) -> bool:
         return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel
+
+    @property
+    def sharding(self) -> str:
+        """The data-parallel sharding stage in force (the explicit field, else the optimizer flag's)."""
+        if self.data_parallel_sharding_strategy is not None:
+            return self.data_parallel_sharding_strategy
+        return "optim" if self.distributed_optimizer else "no_shard"
 
 
 class Fact(BaseModel):
