@@ -69,6 +69,35 @@ def all_to_all_s(send_bytes, stride, size, hw: Hardware) -> np.ndarray:
     return np.where(size > 1, np.maximum(intra, inter) + lat, 0.0)
 
 
+def distinct_domains(k, domains) -> np.ndarray:
+    """Expected number of distinct scale-up domains (nodes) that a token's ``k`` experts fall in, experts
+    spread uniformly over ``domains`` domains: N·(1 − (1 − 1/N)^k)."""
+    n = np.maximum(domains, 1.0)
+    return n * (1.0 - (1.0 - 1.0 / n) ** k)
+
+
+def expert_all_to_all_s(send_bytes, k, stride, size, hierarchical, hw: Hardware) -> np.ndarray:
+    """MoE dispatch (or combine) over an EP group of ``size`` ranks ``stride`` apart: ``send_bytes`` are
+    the ``k`` routed copies of this rank's tokens.
+
+    Flat dispatch (Megatron's alltoall) sends one copy per destination expert rank: the share of copies
+    bound for other domains crosses the NIC, and each of the size − 1 peers costs a message latency.
+    Hierarchical dispatch (DeepSeek-V3 §3.2 and DeepEP's normal kernels; Huawei's hierarchical
+    all-to-all on Atlas 800T A2) sends a token once per destination node, where it fans out over the
+    scale-up links: the inter-node volume drops from k copies to the expected number of distinct
+    remote nodes, and messages go to one peer per node plus the peers inside the own domain."""
+    inside = members_per_domain(stride, size, hw)
+    n = np.maximum(size, 1)
+    domains = n / inside
+    remote_share = (size - inside) / n
+    copies_remote = np.where(hierarchical, distinct_domains(k, domains) * remote_share / k, remote_share)
+    intra = send_bytes * (inside - 1) / n / scale_up_bandwidth(inside - 1, hw)
+    inter = send_bytes * copies_remote / hw.scale_out_bytes_per_s
+    remote_peers = np.where(hierarchical, domains - 1, size - inside)
+    lat = (inside - 1) * hw.scale_up_latency_s + remote_peers * hw.scale_out_latency_s
+    return np.where(size > 1, np.maximum(intra, inter) + lat, 0.0)
+
+
 def p2p_s(nbytes, stride, hw: Hardware) -> np.ndarray:
     """One point-to-point transfer between ranks ``stride`` apart (pipeline neighbours): one link."""
     in_domain = stride < hw.scale_up_domain

@@ -34,9 +34,17 @@ def gemm_s(m, k, n, hw: Hardware, fp8, count=1.0) -> np.ndarray:
     return count * np.maximum(compute, memory)
 
 
-def attention_core_s(flops, hw: Hardware) -> np.ndarray:
-    """FlashAttention time for ``flops`` (BF16 even in FP8 recipes, as Transformer Engine's default)."""
-    return flops / (hw.peak_bf16_flops * hw.attn_eff * _saturation(flops, hw))
+def attention_core_s(flops, scores, calls, hw: Hardware) -> np.ndarray:
+    """FlashAttention forward time (BF16 even in FP8 recipes, as Transformer Engine's default).
+
+    ``flops`` of score and value matmuls in ``calls`` kernel calls (context-parallel ring attention
+    runs one call per ring step, each paying the fixed per-call cost of the saturation curve), plus
+    the softmax of ``scores`` score elements on the vector units: FlashAttention-3 (Shah et al. 2024,
+    §3) shows exponentials have a throughput far below the matmuls', so per score the softmax costs
+    the same whatever the head dim while the matmuls cost 2·(d_qk + d_v) FLOPs: small heads (64) and
+    long sequences run far from the matmul peak."""
+    matmul = flops / (hw.peak_bf16_flops * hw.attn_eff * _saturation(flops / calls, hw))
+    return matmul + scores / hw.softmax_scores_per_s
 
 
 def memory_bound_s(nbytes, hw: Hardware) -> np.ndarray:

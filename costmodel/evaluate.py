@@ -84,9 +84,11 @@ class BatchResult:
 def _shapes(spec: ModelSpec, b: ConfigBatch, dp: np.ndarray) -> memory.Shapes:
     tokens = (b.micro_batch_size * spec.seq_length / b.cp).astype(np.float64)
     tokens_sp = np.where(b.sequence_parallel, tokens / b.tp, tokens)
-    routed = tokens_sp * (spec.moe_router_topk or 0) * b.moe_load_imbalance
+    routed_mean = tokens_sp * (spec.moe_router_topk or 0)
+    routed = routed_mean * b.moe_load_imbalance
     modules = np.where(b.recompute == 1, b.recompute_modules, 0)
     return memory.Shapes(tokens=tokens, tokens_sp=tokens_sp, tokens_moe=tokens_sp, routed=routed,
+                         routed_mean=routed_mean,
                          tp=b.tp, cp=b.cp, ep=b.ep, etp=b.etp, modules=modules,
                          gemm_input_bytes=np.where(b.precision == 1, 1.0, memory.BF16))
 
@@ -265,10 +267,12 @@ def _layer_inputs(spec: ModelSpec, hw: Hardware, b: ConfigBatch,
     """What the layer costs read per config: the blocks' context and the output head's weight copies.
     (Large batches score each distinct combination once: see ``_distinct_layer_inputs``.)"""
     ctx = layers.Context(spec=spec, hw=hw, shapes=shapes, fp8=b.precision == 1, sp=b.sequence_parallel,
-                         imbalance=b.moe_load_imbalance, modules=shapes.modules)
-    holds_head = spec.untie_embeddings_and_output_weights or b.pp > 1
-    # The last stage also keeps a copy of the embedding when MTP needs it there (pp > 1).
-    head_weights = holds_head + ((b.pp > 1) & (spec.mtp_num_layers > 0))
+                         imbalance=b.moe_load_imbalance, modules=shapes.modules,
+                         a2a_hierarchical=b.moe_a2a_hierarchical)
+    holds_head = (spec.untie_embeddings_and_output_weights | (b.pp > 1)).astype(np.int64)
+    # The last stage also keeps a copy of the embedding when MTP needs it there (pp > 1): a second
+    # V·h/tp matrix, added as a count (adding the two bool arrays would be a logical or).
+    head_weights = holds_head + ((b.pp > 1) & (spec.mtp_num_layers > 0)).astype(np.int64)
     return ctx, head_weights
 
 
@@ -461,17 +465,19 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     # expert weights over the expert-data-parallel group), hidden behind the last micro-batch's
     # backward and the first one's forward where overlap is on.
     edp = np.maximum(b.tp * b.cp * dp // (b.ep * b.etp), 1)
-    dist = col(b.distributed_optimizer)
+    sharded_opt = b.sharding >= 1  # the distributed optimizer or a deeper sharding stage
+    dist = col(sharded_opt)
     # Integer strides: the domain arithmetic divides by them (float floor division is slow).
     dense_grp = (b.tp[None, :], col(dp_cp))
     exp_grp = ((b.etp * b.ep)[None, :], col(edp))
-    grad_rs = (comm.reduce_scatter_s(memory.GRAD_BYTES * dense_params, *dense_grp, hw)
-               + comm.reduce_scatter_s(memory.GRAD_BYTES * expert_params, *exp_grp, hw))
+    grad_bytes = col(b.main_grads_bytes)  # gradients are reduced in their main dtype
+    grad_rs = (comm.reduce_scatter_s(grad_bytes * dense_params, *dense_grp, hw)
+               + comm.reduce_scatter_s(grad_bytes * expert_params, *exp_grp, hw))
     param_ag = (comm.all_gather_s(memory.WEIGHT_BYTES * dense_params, *dense_grp, hw)
                 + comm.all_gather_s(memory.WEIGHT_BYTES * expert_params, *exp_grp, hw))
     # Per-config selections as products with 0/1 and 1/2 rows (exact for finite values; np.where
     # otherwise): all-reduce without the distributed optimizer, no parameter all-gather.
-    grad_sync = grad_rs * col(np.where(b.distributed_optimizer, 1.0, 2.0))
+    grad_sync = grad_rs * col(np.where(sharded_opt, 1.0, 2.0))
     param_sync = param_ag * dist if _all_finite(param_ag) else np.where(dist > 0, param_ag, 0.0)
     dp_ov = hw.dp_overlap
 
@@ -485,8 +491,8 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     param_exposed = overlapped(param_sync, fwd_window, b.overlap_param_gather)
     dp_exposed = (grad_exposed + param_exposed).max(axis=0)
     # x / 1 is x: dividing by the shard only with the distributed optimizer is the np.where of both.
-    local_params = (dense_params / col(np.where(b.distributed_optimizer, dp_cp, 1))
-                    + expert_params / col(np.where(b.distributed_optimizer, edp, 1)))
+    local_params = (dense_params / col(np.where(sharded_opt, dp_cp, 1))
+                    + expert_params / col(np.where(sharded_opt, edp, 1)))
     optimizer = (ADAM_BYTES_PER_PARAM * local_params / hw.hbm_bytes_per_s).max(axis=0)
 
     step = m * t_stage + bubble + dp_exposed + optimizer
@@ -496,7 +502,9 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
 
     # Memory of each stage at its peak: model states, activations of the micro-batches in flight,
     # the output layer's logits (one micro-batch), transient buffers and the framework's share.
-    params_b, grads_b, opt_b = memory.model_state_bytes(dense_params, expert_params, col(dp_cp), col(edp), dist)
+    params_b, grads_b, opt_b = memory.model_state_bytes(
+        dense_params, expert_params, col(dp_cp), col(edp), col(b.sharding), grad_bytes,
+        col(b.main_params_bytes + b.exp_avg_bytes + b.exp_avg_sq_bytes))
     rank = np.take(np.ascontiguousarray(st.split_rank_table[:, :k].T), split_index, axis=1)
     # (1, N) rows against (K, N) ranks: the function's [:, None] makes them (1, 1, N).
     in_flight = pipeline.microbatches_in_flight(b.pp[None, :], b.vpp[None, :], m[None, :], rank)[0]

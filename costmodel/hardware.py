@@ -31,6 +31,8 @@ class Hardware:
     ep_overlap: float
     dp_overlap: float
     layer_overhead_s: float
+    softmax_scores_per_s: float  # attention score elements the vector units process per second
+    moe_gemm_eff_ratio: float  # grouped expert GEMMs relative to dense GEMMs of the same size
 
     @classmethod
     def from_profile(cls, p: ClusterProfile) -> "Hardware":
@@ -56,4 +58,6 @@ class Hardware:
             ep_overlap=p.eff("ep_overlap"),
             dp_overlap=p.eff("dp_overlap"),
             layer_overhead_s=p.eff("layer_overhead_us") * 1e-6,
+            softmax_scores_per_s=p.eff("softmax_gscores_per_s") * 1e9,
+            moe_gemm_eff_ratio=p.eff("moe_gemm_eff_ratio") or 1.0,
         )

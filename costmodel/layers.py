@@ -75,6 +75,7 @@ class Context:
     sp: np.ndarray
     imbalance: np.ndarray
     modules: np.ndarray  # selective recompute bit mask (0 unless recompute == selective)
+    a2a_hierarchical: np.ndarray  # EP dispatch deduplicated per destination node
 
     def drops(self, module: str) -> np.ndarray:
         return (self.modules & MODULE_BITS[module]) != 0
@@ -121,7 +122,9 @@ def attention_block(ctx: Context) -> Cost:
     params = attention_params(spec)
     proj_flops = 2.0 * (T * params.sharded / tp + s.tokens_sp * params.replicated)
     core_flops = T * spec.seq_length * a / tp * (spec.qk_dim + spec.v_dim)
-    core_fwd = attention_core_s(core_flops, hw)
+    # Causal: each token scores against half the sequence on average (core_flops counts it so too).
+    scores = core_flops / (2.0 * (spec.qk_dim + spec.v_dim))
+    core_fwd = attention_core_s(core_flops, scores, s.cp, hw)
     norm_bytes = NORM_BYTES * s.tokens_sp * h + latent_norm_bytes
     mem_fwd = memory_bound_s(norm_bytes + RESIDUAL_BYTES * s.tokens_sp * h, hw)
     fwd = gemms + core_fwd + mem_fwd
@@ -195,7 +198,9 @@ def moe_block(ctx: Context) -> Cost:
     local_experts = E / s.ep
     tokens_per_device = s.routed * s.etp  # every ETP member processes its EP rank's tokens
     expert_gemms, expert_act, _ = _mlp_parts(ctx, f, tokens_per_device / local_experts, s.etp)
-    expert_gemms, expert_act = local_experts * expert_gemms, local_experts * expert_act
+    # Grouped expert GEMMs run below a dense GEMM of the same size (calibrated ratio).
+    expert_gemms = local_experts * expert_gemms / hw.moe_gemm_eff_ratio
+    expert_act = local_experts * expert_act
     expert_flops = 2.0 * s.routed * mlp_params(h, f, spec.swiglu)
     router = (gemm_s(s.tokens_moe, h, E, hw, False)
               + memory_bound_s(ROUTER_BYTES_PER_SCORE * s.tokens_moe * E, hw))
@@ -214,7 +219,7 @@ def moe_block(ctx: Context) -> Cost:
     # side (imbalance × mean) sets the time. Expert-tensor parallelism adds an all-gather and a
     # reduce-scatter of the received tokens inside the ETP group.
     send_bytes = BF16_BYTES * s.tokens_moe * k * h * ctx.imbalance
-    a2a = 2.0 * comm.all_to_all_s(send_bytes, s.etp, s.ep, hw)
+    a2a = 2.0 * comm.expert_all_to_all_s(send_bytes, k, s.etp, s.ep, ctx.a2a_hierarchical, hw)
     etp_comm = comm.all_reduce_s(BF16_BYTES * tokens_per_device * h, 1, s.etp, hw)
     drop_moe = ctx.drops("moe")
     selective = np.where(drop_moe, fwd, ctx.drops("moe_act") * expert_act
@@ -296,6 +301,8 @@ def mtp_extra(ctx: Context) -> Cost:
     c.gemm_fwd_s = c.gemm_fwd_s + proj
     c.gemm_bwd_s = c.gemm_bwd_s + BACKWARD_FACTOR * proj
     c.flops_fwd = c.flops_fwd + 4.0 * s.tokens * h * h / s.tp
-    c.act_bytes = c.act_bytes + 2 * BF16_BYTES * s.tokens_sp * h
+    # The MTP logits live for one micro-batch, as the main head's: the stage's fixed memory counts
+    # them (1 + mtp_num_layers logits tensors), so the per-micro-batch activations here leave them out.
+    c.act_bytes = c.act_bytes - memory.logits_bytes(spec, s) + 2 * BF16_BYTES * s.tokens_sp * h
     c.dense_params = 2.0 * h * h / s.tp + 4.0 * h
     return c

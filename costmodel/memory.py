@@ -39,6 +39,7 @@ class Shapes:
     tokens_sp: np.ndarray  # tokens of the norm/residual stream per device: tokens / tp with SP
     tokens_moe: np.ndarray  # tokens entering the MoE block per device (sequence-parallel shard)
     routed: np.ndarray  # routed token copies the busiest device's experts process: tokens_moe·topk·imbalance
+    routed_mean: np.ndarray  # the mean over EP ranks: tokens_moe·topk
     tp: np.ndarray
     cp: np.ndarray
     ep: np.ndarray
@@ -62,7 +63,9 @@ def attention_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     if spec.multi_latent_attention:
         rope = spec.qk_pos_emb_head_dim or 0
         q_lora = spec.q_lora_rank or 0
-        latents = BF16 * T * (q_lora + spec.kv_lora_rank + rope)  # down-projection outputs (replicated)
+        # Down-projection outputs: Megatron-Core runs the down-projections on the sequence-parallel
+        # shard (tokens / tp with SP) and all-gathers the latents only for the up-projections.
+        latents = BF16 * Tsp * (q_lora + spec.kv_lora_rank + rope)
         latent_norm_out = keep_norm_out * s.gemm_input_bytes * T * (q_lora + spec.kv_lora_rank)
         qkv = BF16 * T * a / tp * (2 * (spec.qk_head_dim + rope) + spec.v_head_dim)
         qkv = qkv * ~_drops(s, "mla_up_proj")
@@ -97,9 +100,13 @@ def moe_block_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     h, f = spec.hidden_size, spec.expert_ffn
     drop_moe = _drops(s, "moe")
     router = FP32 * 2 * s.tokens_moe * spec.num_experts  # logits and probabilities
-    expert_in = s.gemm_input_bytes * s.routed * s.etp * h  # etp members all hold their EP rank's tokens
-    fc1_out = BF16 * s.routed * (2 if spec.swiglu else 1) * f
-    act_out = ~_drops(s, "moe_act") * s.gemm_input_bytes * s.routed * f
+    # Stored activations follow the mean load: which EP rank is busiest changes from layer to layer and
+    # micro-batch to micro-batch, so the imbalance does not compound over the layers in flight; only the
+    # transient dispatch buffers of the layer running now see the busiest rank's load.
+    routed = s.routed_mean
+    expert_in = s.gemm_input_bytes * routed * s.etp * h  # etp members all hold their EP rank's tokens
+    fc1_out = BF16 * routed * (2 if spec.swiglu else 1) * f
+    act_out = ~_drops(s, "moe_act") * s.gemm_input_bytes * routed * f
     shared = mlp_activation_bytes(spec.moe_shared_expert_intermediate_size, spec, s.tokens, s.tp,
                                   _drops(s, "shared_experts") | drop_moe, s.gemm_input_bytes)
     # No combine input: Megatron-Core multiplies the routing probabilities inside the expert activation
@@ -126,12 +133,23 @@ def logits_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     return FP32 * s.tokens * spec.vocab_size / s.tp
 
 
-def model_state_bytes(dense_params, expert_params, dense_shard, expert_shard, distributed_optimizer):
-    """Weights, gradients and optimizer states (bytes): the optimizer part is divided over the
-    data-parallel group (dp·cp for dense weights, expert-data-parallel for experts) when the
-    distributed optimizer is on."""
-    params = WEIGHT_BYTES * (dense_params + expert_params)
-    grads = GRAD_BYTES * (dense_params + expert_params)
-    opt_dense = OPTIMIZER_BYTES * dense_params / np.where(distributed_optimizer, dense_shard, 1)
-    opt_expert = OPTIMIZER_BYTES * expert_params / np.where(distributed_optimizer, expert_shard, 1)
-    return params, grads, opt_dense + opt_expert
+def model_state_bytes(dense_params, expert_params, dense_shard, expert_shard, sharding,
+                      grad_bytes=GRAD_BYTES, optimizer_bytes=OPTIMIZER_BYTES):
+    """Weights, gradients and optimizer states (bytes).
+
+    Megatron-LM's defaults are bf16 weights (2 B), fp32 main gradients (4 B) and fp32 master weights
+    plus Adam's two moments (12 B) per parameter; ``grad_bytes`` and ``optimizer_bytes`` change them
+    (Megatron-Core's precision-aware optimizer; NeMo's distributed fused Adam: bf16 gradients and
+    2-byte param remainders, 2 + 2 + 10/d). ``sharding`` (``batch.SHARDING_CODES``; True/False read as
+    the distributed optimizer on/off) divides them over the data-parallel group (dp·cp for dense
+    weights, expert-data-parallel for experts): the optimizer states from ``optim`` (ZeRO-1, the
+    distributed optimizer), the gradients from ``optim_grads`` (ZeRO-2), the weights too from
+    ``optim_grads_params`` (ZeRO-3 / FSDP)."""
+    stage = np.asarray(sharding, dtype=np.int64)
+
+    def sharded(per_param_bytes, from_stage):
+        on = stage >= from_stage
+        return per_param_bytes * (dense_params / np.where(on, dense_shard, 1)
+                                  + expert_params / np.where(on, expert_shard, 1))
+
+    return sharded(WEIGHT_BYTES, 3), sharded(grad_bytes, 2), sharded(optimizer_bytes, 1)

@@ -191,7 +191,7 @@ class Fact(BaseModel):
 EFFICIENCY_KEYS = (
     "gemm_eff_max", "gemm_half_gflop", "attn_eff", "fp8_gemm_eff_ratio", "hbm_eff",
     "scale_up_bw_eff", "scale_out_bw_eff", "tp_overlap", "ep_overlap", "dp_overlap",
-    "layer_overhead_us",
+    "layer_overhead_us", "softmax_gscores_per_s", "moe_gemm_eff_ratio",
 )
 REQUIRED_FACTS = (
     "peak_bf16_tflops", "peak_fp8_tflops", "memory_gib", "hbm_bandwidth_gbps", "devices_per_node",

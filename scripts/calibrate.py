@@ -43,6 +43,8 @@ BOUNDS = {
     "ep_overlap": (0.05, 0.95),
     "dp_overlap": (0.05, 0.98),
     "layer_overhead_us": (5.0, 2000.0),
+    "softmax_gscores_per_s": (200.0, 20000.0),
+    "moe_gemm_eff_ratio": (0.3, 1.0),
 }
 # Pull towards the priors, per factor on (log(value / prior))²: gentle where many runs constrain the
 # factors, firmer for a device with a handful of runs.
@@ -51,8 +53,11 @@ PRIOR_WEIGHT_RUNS = 0.25  # weight = PRIOR_WEIGHT_RUNS / number of runs
 
 def factors_seen(runs) -> list[str]:
     """Only fit what the runs exercise: FP8 needs FP8 runs, EP overlap needs MoE overlap runs, ..."""
-    keys = ["gemm_eff_max", "gemm_half_gflop", "attn_eff", "hbm_eff", "layer_overhead_us"]
+    keys = ["gemm_eff_max", "gemm_half_gflop", "attn_eff", "hbm_eff", "layer_overhead_us",
+            "softmax_gscores_per_s"]
     cfgs = [r.config for r in runs]
+    if sum(r.spec.is_moe for r in runs) >= 3:
+        keys.append("moe_gemm_eff_ratio")
     if any(c.precision == "fp8" for c in cfgs):
         keys.append("fp8_gemm_eff_ratio")
     if any(c.tp > 1 for c in cfgs):

@@ -189,7 +189,26 @@ def test_gemm_efficiency_halves_at_half_size(hw):
 def test_attention_core(hw):
     # FlashAttention: F / (peak · attn_eff · F/(F + half)) = (F + 2e9) / (1000e12 · 0.5)
     F = 5e11
-    assert compute.attention_core_s(A([F]), hw)[0] == pytest.approx((F + 2e9) / (1000e12 * 0.5), rel=1e-12)
+    assert compute.attention_core_s(A([F]), A([0.0]), A([1]), hw)[0] == pytest.approx(
+        (F + 2e9) / (1000e12 * 0.5), rel=1e-12)
+
+
+def test_attention_core_per_call_and_softmax(hw):
+    # Ring attention in 4 calls pays the per-call cost 4 times: (F + 4·2e9)/(peak·eff); the softmax of
+    # S score elements adds S / 3.9e12 s whatever the head dim.
+    F, S = 5e11, 1e9
+    assert compute.attention_core_s(A([F]), A([S]), A([4]), hw)[0] == pytest.approx(
+        (F + 4 * 2e9) / (1000e12 * 0.5) + S / 3.9e12, rel=1e-12)
+
+
+def test_attention_head_dim_64_runs_further_from_peak(hw):
+    # Same score count, half the head dim: half the matmul FLOPs but the same softmax time, so the
+    # achieved fraction of the matmul peak falls.
+    S = 1e10
+    t128 = compute.attention_core_s(A([S * 2 * 256]), A([S]), A([1]), hw)[0]
+    t64 = compute.attention_core_s(A([S * 2 * 128]), A([S]), A([1]), hw)[0]
+    assert t64 > t128 / 2
+    assert (S * 2 * 128 / t64) < (S * 2 * 256 / t128)
 
 
 def test_memory_bound(hw):
@@ -668,3 +687,77 @@ def test_profile_with_base_keeps_the_base_calibration():
                                       "facts": {"memory_gib": {"value": 32, "source": "a 32 GB part"}}})
     for key in cal["factors"]:
         assert derived.eff(key) == plain.eff(key), key
+
+
+# ================================================================================================
+# expert-parallel dispatch across nodes (comm.expert_all_to_all_s)
+
+
+def test_expert_a2a_two_nodes_flat_vs_hierarchical(hw):
+    # EP 16 over 2 domains of 8, top-8. Flat: 8/16 of the k copies leave the node, 7 + 8 peer messages.
+    # Hierarchical: a token reaches N(1-(1-1/N)^k) = 2(1 - 2^-8) distinct nodes; half of them remote,
+    # so the NIC carries 2(1 - 2^-8)/2/8 of the copies; messages to 7 local peers and 1 remote node.
+    k, size = 8, 16
+    intra = B * 7 / 16 / UP
+    flat = max(intra, B * 8 / 16 / OUT) + 7 * LAT_UP + 8 * LAT_OUT
+    share = 2 * (1 - 0.5 ** 8) * (8 / 16) / k
+    hier = max(intra, B * share / OUT) + 7 * LAT_UP + 1 * LAT_OUT
+    got = comm.expert_all_to_all_s(A([B, B]), k, A([1, 1]), A([size, size]), A([False, True]), hw)
+    assert got[0] == pytest.approx(flat, rel=1e-12)
+    assert got[1] == pytest.approx(hier, rel=1e-12)
+    assert got[1] < got[0] / 3  # the NIC phase shrinks ~8x; the scale-up phase now sets the pace
+
+
+def test_expert_a2a_32_nodes_latency_per_peer(hw):
+    # EP 256 over 32 nodes: flat pays a message latency to each of the 248 remote peers, hierarchical
+    # to 31 nodes; with k = 8 of 32 nodes the dedup saves little volume (≈ 7.1 distinct nodes).
+    k, size = 8, 256
+    n_nodes = 32
+    distinct = n_nodes * (1 - (1 - 1 / n_nodes) ** k)
+    remote = (size - 8) / size
+    flat = max(B * 7 / size / UP, B * remote / OUT) + 7 * LAT_UP + 248 * LAT_OUT
+    hier = max(B * 7 / size / UP, B * distinct * remote / k / OUT) + 7 * LAT_UP + 31 * LAT_OUT
+    got = comm.expert_all_to_all_s(A([B, B]), k, A([1, 1]), A([size, size]), A([False, True]), hw)
+    assert got[0] == pytest.approx(flat, rel=1e-12)
+    assert got[1] == pytest.approx(hier, rel=1e-12)
+    # the same bytes over 32 nodes cost more than over 2 (more peers, more of them remote)
+    two = comm.expert_all_to_all_s(A([B]), k, A([1]), A([16]), A([False]), hw)[0]
+    assert got[0] > two
+
+
+def test_expert_a2a_inside_one_node_same_for_both(hw):
+    got = comm.expert_all_to_all_s(A([B, B]), 8, A([1, 1]), A([8, 8]), A([False, True]), hw)
+    assert got[0] == got[1] == pytest.approx(B * 7 / 8 / UP + 7 * LAT_UP, rel=1e-12)
+
+
+# ================================================================================================
+# model-state bytes: dtypes and sharding stages
+
+
+@pytest.mark.parametrize("stage, grad_bytes, opt_bytes, expected", [
+    (0, 4, 12, 2 + 4 + 12),            # DDP, Megatron-LM defaults: 18 B/param
+    (1, 4, 12, 2 + 4 + 12 / 8),        # distributed optimizer (ZeRO-1)
+    (1, 2, 10, 2 + 2 + 10 / 8),        # NeMo distributed fused Adam: bf16 grads, param remainders
+    (1, 2, 2 + 2 + 2, 2 + 2 + 6 / 8),  # bf16 remainders and bf16 moments
+    (2, 4, 12, 2 + 4 / 8 + 12 / 8),    # ZeRO-2: gradients sharded too
+    (3, 4, 12, (2 + 4 + 12) / 8),      # ZeRO-3 / FSDP: everything sharded
+])
+def test_model_state_bytes_dtypes_and_stages(stage, grad_bytes, opt_bytes, expected):
+    params, grads, opt = memory.model_state_bytes(A([1000.0]), A([0.0]), A([8]), A([1]), A([stage]),
+                                                  A([grad_bytes]), A([opt_bytes]))
+    assert params[0] + grads[0] + opt[0] == pytest.approx(expected * 1000, rel=1e-12)
+
+
+def test_state_dtype_fields_change_the_evaluation(preset, round_profile):
+    spec = preset("tiny-dense")
+    base = dict(tp=1, pp=1, global_batch_size=16, micro_batch_size=1)
+    prof = round_profile
+    default = evaluate(spec, prof, 8, TrainingConfig(**base))
+    nemo = evaluate(spec, prof, 8, TrainingConfig(**base, main_grads_dtype="bf16", main_params_dtype="bf16",
+                                                 exp_avg_dtype="fp32"))
+    zero2 = evaluate(spec, prof, 8, TrainingConfig(**base, data_parallel_sharding_strategy="optim_grads"))
+    assert nemo["memory"]["grads_gib"] == pytest.approx(default["memory"]["grads_gib"] / 2, rel=1e-9)
+    assert nemo["memory"]["optimizer_gib"] == pytest.approx(default["memory"]["optimizer_gib"] * 10 / 12, rel=1e-9)
+    assert zero2["memory"]["grads_gib"] == pytest.approx(default["memory"]["grads_gib"] / 8, rel=1e-9)
+    # bf16 gradients halve the reduce-scatter volume
+    assert nemo["time"]["dp_comm_exposed_s"] <= default["time"]["dp_comm_exposed_s"]
