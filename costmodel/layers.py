@@ -76,6 +76,7 @@ class Context:
     imbalance: np.ndarray
     modules: np.ndarray  # selective recompute bit mask (0 unless recompute == selective)
     a2a_hierarchical: np.ndarray  # EP dispatch deduplicated per destination node
+    cp_comm: np.ndarray  # batch.CP_COMM_CODES: 0 ring, 1 Ulysses all-to-all, 2 K/V all-gather, 3 both
 
     def drops(self, module: str) -> np.ndarray:
         return (self.modules & MODULE_BITS[module]) != 0
@@ -124,18 +125,14 @@ def attention_block(ctx: Context) -> Cost:
     core_flops = T * spec.seq_length * a / tp * (spec.qk_dim + spec.v_dim)
     # Causal: each token scores against half the sequence on average (core_flops counts it so too).
     scores = core_flops / (2.0 * (spec.qk_dim + spec.v_dim))
-    core_fwd = attention_core_s(core_flops, scores, s.cp, hw)
+    ulysses, ring = _cp_degrees(ctx)
+    core_fwd = attention_core_s(core_flops, scores, ring, hw)
     norm_bytes = NORM_BYTES * s.tokens_sp * h + latent_norm_bytes
     mem_fwd = memory_bound_s(norm_bytes + RESIDUAL_BYTES * s.tokens_sp * h, hw)
     fwd = gemms + core_fwd + mem_fwd
     bwd = BACKWARD_FACTOR * gemms + ATTN_BACKWARD_FACTOR * core_fwd + MEMORY_BOUND_BACKWARD_FACTOR * mem_fwd
-    # Context parallelism: cp−1 ring steps pass this rank's K/V chunk forward; the backward moves
-    # K/V and their gradients (Megatron-Core's ring attention), each step hidden behind one step of
-    # attention compute.
-    kv_step = comm.p2p_s(BF16_BYTES * T * kv_width, tp, hw)
-    cp_steps = s.cp - 1
-    cp_fwd = np.maximum(cp_steps * kv_step - core_fwd, 0.0)
-    cp_bwd = np.maximum(2 * cp_steps * kv_step - ATTN_BACKWARD_FACTOR * core_fwd, 0.0)
+    qkv_width = a * (2 * spec.qk_dim + spec.v_dim) / tp if spec.multi_latent_attention else (a + 2 * spec.query_groups) * spec.head_dim / tp
+    cp_fwd, cp_bwd = _context_parallel_s(ctx, core_fwd, kv_width, qkv_width, a * spec.v_dim / tp, ulysses, ring)
     selective = (ctx.drops("core_attn") * core_fwd
                  + ctx.drops("layernorm") * memory_bound_s(norm_bytes, hw)
                  + ctx.drops("mla_up_proj") * up)
@@ -153,6 +150,35 @@ def attention_block(ctx: Context) -> Cost:
         flops_fwd=proj_flops + core_flops, selective_flops=selective_flops,
         act_bytes=memory.attention_activation_bytes(spec, s), transient_bytes=z,
         dense_params=params.sharded / tp + params.replicated + 2.0 * h + z, expert_params=z)
+
+
+def _cp_degrees(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+    """Ulysses (head all-to-all) and ring degrees of the context-parallel group: the ring alone (p2p),
+    Ulysses alone (a2a), neither for the K/V all-gather, and for a2a+p2p Ulysses over the members
+    inside one scale-up domain and the ring across domains (MindSpeed's hybrid_cp_algo)."""
+    s = ctx.shapes
+    inside = np.gcd(s.cp, np.maximum(ctx.hw.scale_up_domain // s.tp, 1))
+    ulysses = np.select([ctx.cp_comm == 1, ctx.cp_comm == 3], [s.cp, inside], 1)
+    ring = np.where(ctx.cp_comm == 2, 1, s.cp // ulysses)
+    return ulysses, ring
+
+
+def _context_parallel_s(ctx: Context, core_fwd, kv_width, qkv_width, out_width, ulysses, ring):
+    """Exposed context-parallel communication of one layer, forward and backward.
+
+    Ring (Megatron-Core's p2p ring attention, load-balanced: each rank holds chunks i and 2·cp−1−i of
+    the sequence so that causal work is even): ring − 1 steps pass a K/V chunk on, each hidden behind
+    one step of attention compute; the backward moves K/V and their gradients. Ulysses (DeepSpeed-
+    Ulysses, MindSpeed's ulysses_cp_algo) re-partitions Q, K, V from sequence to heads and the output
+    back: four all-to-alls on the critical path, the same again for the gradients. The K/V all-gather
+    variant gathers the whole K/V before attention and reduce-scatters their gradients, exposed."""
+    s, hw, T = ctx.shapes, ctx.hw, ctx.shapes.tokens
+    kv_step = comm.p2p_s(BF16_BYTES * T * kv_width, s.tp * ulysses, hw)
+    ring_fwd = np.maximum((ring - 1) * kv_step - core_fwd, 0.0)
+    ring_bwd = np.maximum(2 * (ring - 1) * kv_step - ATTN_BACKWARD_FACTOR * core_fwd, 0.0)
+    a2a = comm.all_to_all_s(BF16_BYTES * T * (qkv_width + out_width), s.tp, ulysses, hw)
+    gather = np.where(ctx.cp_comm == 2, comm.all_gather_s(BF16_BYTES * T * kv_width * s.cp, s.tp, s.cp, hw), 0.0)
+    return ring_fwd + a2a + gather, ring_bwd + a2a + gather
 
 
 def _mlp_parts(ctx: Context, ffn: int, tokens, shard) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
