@@ -71,6 +71,7 @@ def result_dict(br: BatchResult, i: int, profile: ClusterProfile, warnings: list
         "memory": {
             "peak_gib": val(br.peak_bytes[i] / GIB),
             "capacity_gib": br.capacity_bytes / GIB,
+            "headroom_gib": val((br.capacity_bytes - br.peak_bytes[i]) / GIB),  # capacity - peak; < 0: does not fit
             "params_gib": val(br.params_bytes[i] / GIB),
             "grads_gib": val(br.grads_bytes[i] / GIB),
             "optimizer_gib": val(br.optimizer_bytes[i] / GIB),

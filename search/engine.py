@@ -1,7 +1,8 @@
-"""One search: build the space, run an engine, rank and evaluate the top configs.
+"""One search: build the space, run an engine, rank and evaluate the top configs and layouts.
 
 ``run_search`` returns the contract's search output without ``inputs`` (the caller knows how the
-model and cluster were named).
+model and cluster were named), plus ``layouts`` (the best config of each of the top K distinct parallel
+layouts) and, on every ranked entry, whether it keeps the memory margin (``search.margin``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from costmodel import ClusterProfile, ModelSpec, TrainingConfig, evaluate_many
 
 from .exhaustive import ProgressFn, Ranked, run_exhaustive
+from .margin import DEFAULT_MEMORY_MARGIN_GIB, margin_fields
 from .samplers import SAMPLERS, run_sampler
 from .space import build_space
 
@@ -40,12 +42,28 @@ class SearchRequest:
     study_name: str | None = None
     timeout_s: float | None = None
     worker: str | None = None  # recorded on the trials this process runs (shared studies)
+    memory_margin_gib: float = DEFAULT_MEMORY_MARGIN_GIB  # headroom (GiB) a recommendation should keep
 
 
-def _entries(req: SearchRequest, configs: list[dict]) -> list[dict]:
-    evaluations = evaluate_many(req.spec, req.profile, req.devices,
-                                [TrainingConfig.model_validate(c) for c in configs])
-    return [{"rank": i + 1, "config": c, "evaluation": e} for i, (c, e) in enumerate(zip(configs, evaluations))]
+def _evaluations(req: SearchRequest, configs: list[dict]) -> list[dict]:
+    return evaluate_many(req.spec, req.profile, req.devices, [TrainingConfig.model_validate(c) for c in configs])
+
+
+def _entries(req: SearchRequest, ranked: Ranked) -> tuple[list[dict], list[dict]]:
+    """The ranked top K and the top K layouts, each config evaluated once (a layout's best config is
+    often in the top K already), with the margin fields."""
+    margin = req.memory_margin_gib
+    outside = [lay["config"] for lay in ranked.layouts if lay["best_rank"] > len(ranked.configs)]
+    evaluations = _evaluations(req, ranked.configs + outside)
+    top = [{"rank": i + 1, "config": c, "evaluation": e, **margin_fields(e, margin)}
+           for i, (c, e) in enumerate(zip(ranked.configs, evaluations))]
+    rest = iter(evaluations[len(top):])
+    layouts = []
+    for lay in ranked.layouts:
+        e = top[lay["best_rank"] - 1]["evaluation"] if lay["best_rank"] <= len(top) else next(rest)
+        layouts.append({"layout": lay["layout"], "best_rank": lay["best_rank"], "config": lay["config"],
+                        "evaluation": e, "variants": lay["variants"], **margin_fields(e, margin)})
+    return top, layouts
 
 
 def run_search(req: SearchRequest, progress: ProgressFn | None = None) -> dict:
@@ -58,15 +76,17 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None) -> dict:
     if engine == "auto":
         engine = "exhaustive" if size <= AUTO_EXHAUSTIVE_MAX else "tpe"
     if engine == "exhaustive":
-        ranked: Ranked = run_exhaustive(space, req.top_k, progress)
+        ranked: Ranked = run_exhaustive(space, req.top_k, progress, margin_gib=req.memory_margin_gib)
     else:
         ranked = run_sampler(space, engine, req.n_trials, req.top_k, seed=req.seed, storage=req.storage,
                              study_name=req.study_name, progress=progress, timeout_s=req.timeout_s,
-                             worker=req.worker)
-    top = _entries(req, ranked.configs)
+                             worker=req.worker, margin_gib=req.memory_margin_gib)
+    top, layouts = _entries(req, ranked)
     out = {
         "best": top[0] if top else None,
         "top": top,
+        "layouts": layouts,
+        "feasible_layouts": ranked.feasible_layouts,
         "engine": engine,
         "space_size": size,
         "trials": ranked.trials,

@@ -23,7 +23,7 @@ import optuna
 
 from costmodel import evaluate_batch
 
-from .exhaustive import ProgressFn, Ranked, _rank_order
+from .exhaustive import LAYOUT_FIELDS, ProgressFn, Ranked, _rank_order, layout_firsts
 from .space import SearchSpace
 from .storages import TrialHeartbeat, fail_stale_trials, open_rdb_storage, reservation_lock
 
@@ -105,7 +105,7 @@ def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: 
                 storage: str | optuna.storages.BaseStorage | None = None, study_name: str | None = None,
                 progress: ProgressFn | None = None, timeout_s: float | None = None,
                 clock: Callable[[], float] | None = None, worker: str | None = None,
-                poll_s: float = 0.2) -> Ranked:
+                poll_s: float = 0.2, margin_gib: float = 0.0) -> Ranked:
     """Run the study until it holds ``n_trials`` finished trials; each trial is one parallel layout,
     scored with all of its micro-batch sizes and options, and told the best feasible throughput.
 
@@ -116,6 +116,9 @@ def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: 
     taken from every finished trial of the study, whoever ran it. ``worker`` is recorded on each trial
     this process runs (user attribute ``worker``). ``timeout_s`` stops this process from asking for
     more trials after that many seconds (the ranking then covers the trials finished so far).
+    ``margin_gib``: the memory margin (GiB of headroom); a trial's value is the throughput of its best
+    config that keeps it, else of its best config that fits, and the ranking puts configs that keep it
+    first.
     """
     import time
 
@@ -152,16 +155,17 @@ def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: 
             if not trials:  # the budget is reserved by trials in flight (or by a dead worker's, until stale)
                 time.sleep(poll_s)
                 continue
-            complete += _score_round(space, study, trials, multi, worker)
+            complete += _score_round(space, study, trials, multi, worker, margin_gib)
     finally:
         heartbeat.close()
-    ranked = rank_trials(space, study.get_trials(deepcopy=False, states=(COMPLETE,)), top_k)
-    ranked.pareto = _pareto(study, space) if multi else None
+    ranked = rank_trials(space, study.get_trials(deepcopy=False, states=(COMPLETE,)), top_k, margin_gib)
+    ranked.pareto = _pareto(study, space, margin_gib) if multi else None
     ranked.extra["study_name"] = study.study_name
     return ranked
 
 
-def _score_round(space: SearchSpace, study: optuna.Study, trials: list, multi: bool, worker: str | None) -> int:
+def _score_round(space: SearchSpace, study: optuna.Study, trials: list, multi: bool, worker: str | None,
+                 margin_gib: float = 0.0) -> int:
     """Score the layouts of a round of trials in one vectorised batch and tell each its value; returns
     how many were told. A trial that another worker failed meanwhile (its heartbeat looked stale to it:
     a stalled process) is dropped: it is already queued to run again."""
@@ -180,17 +184,19 @@ def _score_round(space: SearchSpace, study: optuna.Study, trials: list, multi: b
         start += len(group)
         try:
             told += _tell(study, trial, *(a[sl] for a in scores), capacity_gib=space.profile.fact("memory_gib"),
-                          multi=multi, worker=worker)
+                          multi=multi, worker=worker, margin_gib=margin_gib)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass
     return told
 
 
-def _tell(study: optuna.Study, trial, valid, ok, tok, pk, *, capacity_gib: float, multi: bool,
-          worker: str | None) -> bool:
-    """Tell one trial its layout's best feasible throughput (and memory headroom for NSGA-II), with the
-    memory violation as its constraint; False when another worker failed the trial first."""
-    best = int(np.argmax(np.where(ok, tok, -np.inf))) if ok.any() else None
+def _tell(study: optuna.Study, trial, valid, ok, tok, pk, room, *, capacity_gib: float, multi: bool,
+          worker: str | None, margin_gib: float = 0.0) -> bool:
+    """Tell one trial its layout's best throughput (and memory headroom for NSGA-II), with the memory
+    violation as its constraint; False when another worker failed the trial first. The best is the one
+    the ranking would put first: among the configs that keep the margin if any does, else among those
+    that fit (a layout that only fits inside the margin is still a feasible trial)."""
+    best = _best_index(ok, tok, room, margin_gib)
     if best is not None:
         violation = 0.0
     elif valid.any():
@@ -202,7 +208,7 @@ def _tell(study: optuna.Study, trial, valid, ok, tok, pk, *, capacity_gib: float
         trial.set_user_attr("worker", worker)
     tokens = float(tok[best]) if best is not None else 0.0
     if multi:
-        headroom = capacity_gib - float(pk[best]) if best is not None else -INVALID_VIOLATION
+        headroom = float(room[best]) if best is not None else -INVALID_VIOLATION
         values = [tokens, headroom]
     else:
         values = tokens
@@ -210,12 +216,22 @@ def _tell(study: optuna.Study, trial, valid, ok, tok, pk, *, capacity_gib: float
     return study.tell(trial, values, skip_if_finished=True).state == COMPLETE
 
 
+def _best_index(ok: np.ndarray, tok: np.ndarray, room: np.ndarray, margin_gib: float) -> int | None:
+    """The config of one layout the ranking puts first (by throughput among those that keep the margin,
+    else among those that fit); None when none fits."""
+    keep = ok & (room >= margin_gib)
+    pool = keep if keep.any() else ok
+    return int(np.argmax(np.where(pool, tok, -np.inf))) if pool.any() else None
+
+
 def _score(space: SearchSpace, choices: list[dict]) -> tuple[np.ndarray, ...]:
-    """(valid, feasible, tokens/s, peak GiB) of each choice, from one vectorised evaluation."""
+    """(valid, feasible, tokens/s, peak GiB, headroom GiB) of each choice, from one vectorised evaluation;
+    the headroom is computed as the result's ``memory.headroom_gib`` (capacity − peak)."""
     batch, split_ok = space.choice_batch(choices)
     br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
     valid = br.valid & split_ok
-    return valid, valid & br.feasible, br.tokens_per_s, br.peak_bytes / 2**30
+    return (valid, valid & br.feasible, br.tokens_per_s, br.peak_bytes / 2**30,
+            (br.capacity_bytes - br.peak_bytes) / 2**30)
 
 
 def trial_layout(space: SearchSpace, trial: optuna.trial.FrozenTrial) -> dict:
@@ -223,17 +239,19 @@ def trial_layout(space: SearchSpace, trial: optuna.trial.FrozenTrial) -> dict:
     return nearest_valid(space, suggest(optuna.trial.FixedTrial(trial.params), space))
 
 
-def rank_trials(space: SearchSpace, trials: list[optuna.trial.FrozenTrial], top_k: int) -> Ranked:
+def rank_trials(space: SearchSpace, trials: list[optuna.trial.FrozenTrial], top_k: int,
+                margin_gib: float = 0.0) -> Ranked:
     """The ranking of a set of finished trials: every config of every trial's layout, re-scored, the
-    feasible ones ranked by tokens/s, then the smaller peak, then the order first seen (trial number,
-    then position in the layout's options). Deterministic in the trials alone, so any process that
-    reads the same study ranks it the same."""
+    feasible ones ranked with those that keep ``margin_gib`` of headroom first, then by tokens/s, then
+    the smaller peak, then the order first seen (trial number, then position in the layout's options).
+    Deterministic in the trials alone, so any process that reads the same study ranks it the same.
+    Also the best config of each of the top K distinct parallel layouts (``Ranked.layouts``)."""
     trials = sorted(trials, key=lambda t: t.number)
     layouts = [trial_layout(space, t) for t in trials]
     keys = list(dict.fromkeys(_key(lay) for lay in layouts))
     groups = {key: expand(space, dict(key)) for key in keys}
     flat = [c for key in keys for c in groups[key]]
-    valid, ok, tok, pk = _score(space, flat) if flat else (np.zeros(0, bool),) * 2 + (np.zeros(0),) * 2
+    valid, ok, tok, pk, room = _score(space, flat) if flat else (np.zeros(0, bool),) * 2 + (np.zeros(0),) * 3
     offsets, start = {}, 0
     for key in keys:
         offsets[key] = start
@@ -258,23 +276,33 @@ def rank_trials(space: SearchSpace, trials: list[optuna.trial.FrozenTrial], top_
         for j in np.nonzero(f)[0]:
             seen.setdefault(_key(flat[sl.start + j]), sl.start + int(j))
     index = np.array(list(seen.values()), dtype=np.int64)
-    order = _rank_order(tok[index], pk[index], np.arange(len(index)))[:top_k] if len(index) else []
-    return Ranked(configs=[space.choice_config(flat[index[i]]) for i in order], trials=len(trials),
+    order = _rank_order(tok[index], pk[index], np.arange(len(index)), room[index] < margin_gib) \
+        if len(index) else np.zeros(0, dtype=np.int64)
+    ranked = index[order]  # indices into ``flat``, best first
+    shape_of = {}  # layout (tp, pp, cp, ep, etp) -> its code
+    codes = np.array([shape_of.setdefault(tuple(flat[i][k] for k in LAYOUT_FIELDS), len(shape_of))
+                      for i in ranked], dtype=np.int64)
+    variants = np.bincount(codes, minlength=len(shape_of))
+    best_of_layouts = [{"layout": {k: int(flat[ranked[p]][k]) for k in LAYOUT_FIELDS}, "best_rank": int(p) + 1,
+                        "config": space.choice_config(flat[ranked[p]]), "variants": int(variants[codes[p]])}
+                       for p in layout_firsts(codes, top_k)]
+    return Ranked(configs=[space.choice_config(flat[i]) for i in ranked[:top_k]], trials=len(trials),
                   feasible_trials=feasible_trials,
                   smallest_peak_gib=None if min_index is None else min_peak,
                   smallest_peak_config=None if min_index is None else space.choice_config(flat[min_index]),
-                  history=history, extra={"configs_scored": configs_scored})
+                  history=history, extra={"configs_scored": configs_scored}, layouts=best_of_layouts,
+                  feasible_layouts=len(shape_of))
 
 
-def _pareto(study: optuna.Study, space: SearchSpace) -> list[dict]:
+def _pareto(study: optuna.Study, space: SearchSpace, margin_gib: float = 0.0) -> list[dict]:
     """Optuna's non-dominated feasible trials: throughput against memory headroom, each with the
-    layout's best config (re-scored, so that the front carries full configs)."""
+    layout's best config (re-scored, so that the front carries full configs; the one its trial was told)."""
     front = []
     for t in study.best_trials:
         group = expand(space, trial_layout(space, t))
-        _, ok, tok, _ = _score(space, group)
-        if ok.any():
-            j = int(np.argmax(np.where(ok, tok, -np.inf)))
+        _, ok, tok, _, room = _score(space, group)
+        j = _best_index(ok, tok, room, margin_gib)
+        if j is not None:
             front.append({"trial": t.number, "tokens_per_s": t.values[0], "memory_headroom_gib": t.values[1],
                           "config": space.choice_config(group[j])})
     front.sort(key=lambda p: -p["tokens_per_s"])
