@@ -453,8 +453,11 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
 
     dp_cp = dp * b.cp
     p2p_stride = b.tp * b.cp * dp
-    p2p = col(np.where(b.pp > 1, 2 * b.vpp * comm.p2p_s(memory.BF16 * shapes.tokens_sp * spec.hidden_size,
-                                                          p2p_stride, hw), 0.0))
+    # Each virtual-stage chunk sends its output forward and its input gradient back, and each such
+    # blocking send/recv costs a handshake beyond the transfer (schedule step, stream sync): fine
+    # interleaving (one layer per chunk) pays it per layer.
+    p2p = col(np.where(b.pp > 1, 2 * b.vpp * (comm.p2p_s(memory.BF16 * shapes.tokens_sp * spec.hidden_size,
+                                                           p2p_stride, hw) + hw.pp_chunk_overhead_s), 0.0))
     stage_mb = compute + tp_t + cp_t + ep_t + p2p
     crit = _first_argmax(stage_mb)
     pick = lambda x, flat=crit * N + np.arange(N): _at(x, flat)  # noqa: E731

@@ -192,6 +192,7 @@ EFFICIENCY_KEYS = (
     "gemm_eff_max", "gemm_half_gflop", "attn_eff", "fp8_gemm_eff_ratio", "hbm_eff",
     "scale_up_bw_eff", "scale_out_bw_eff", "tp_overlap", "ep_overlap", "dp_overlap",
     "layer_overhead_us", "softmax_gscores_per_s", "moe_gemm_eff_ratio",
+    "pp_chunk_overhead_us",
 )
 REQUIRED_FACTS = (
     "peak_bf16_tflops", "peak_fp8_tflops", "memory_gib", "hbm_bandwidth_gbps", "devices_per_node",

@@ -79,7 +79,7 @@ ROUND_EFFICIENCY = {
     "gemm_eff_max": 0.8, "gemm_half_gflop": 2.0, "attn_eff": 0.5, "fp8_gemm_eff_ratio": 0.75,
     "hbm_eff": 0.8, "scale_up_bw_eff": 0.75, "scale_out_bw_eff": 0.8, "tp_overlap": 0.6,
     "ep_overlap": 0.7, "dp_overlap": 0.9, "layer_overhead_us": 50.0, "softmax_gscores_per_s": 3900.0,
-    "moe_gemm_eff_ratio": 1.0,
+    "moe_gemm_eff_ratio": 1.0, "pp_chunk_overhead_us": 0.0,
 }
 
 
