@@ -17,8 +17,9 @@ from costmodel import evaluate as evaluate_config
 from costmodel.runtime import tune_allocator
 from search import ENGINES, SearchRequest, SpaceError, run_search, validate_fixed
 from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
+from search.margin import DEFAULT_MEMORY_MARGIN_GIB, margin_problem
 
-from .describe import config_brief
+from .describe import config_brief, layout_brief, margin_mark, variant_brief
 from .inputs import InputError, check_devices, load_cluster, load_config, load_model
 from .validation import read_runs, score_runs
 
@@ -156,19 +157,29 @@ def _parse_fix(items: tuple[str, ...]) -> dict:
     return fixed
 
 
-def _search_table(result: dict) -> None:
+def _search_table(result: dict, margin_gib: float) -> None:
+    """The top K distinct layouts, each with its best variant (``--json`` has every ranked config)."""
     out.print(f"engine [b]{result['engine']}[/b] · space {result['space_size']:,} configs · "
               f"{result['trials']:,} scored · {result['feasible_trials']:,} feasible · "
-              f"{result['search_time_s']:.1f} s")
-    t = Table(title=f"top {len(result['top'])}", title_justify="left")
-    for col, just in (("rank", "right"), ("config", "left"), ("tokens/s/dev", "right"), ("MFU", "right"),
-                      ("step s", "right"), ("peak GiB", "right")):
+              f"{result['search_time_s']:.1f} s · memory margin {margin_gib:g} GiB")
+    layouts = result["layouts"]
+    t = Table(title=f"top {len(layouts)} layouts (of {result['feasible_layouts']:,} with a config that fits); "
+                    "rank: of the best variant among all ranked configs", title_justify="left")
+    for col, just in (("rank", "right"), ("layout", "left"), ("best variant", "left"), ("variants", "right"),
+                      ("tokens/s/dev", "right"), ("MFU", "right"), ("step s", "right"), ("peak GiB", "right"),
+                      ("headroom GiB", "right"), ("margin", "left")):
         t.add_column(col, justify=just, overflow="fold")
-    for e in result["top"]:
-        ev = e["evaluation"]
-        t.add_row(str(e["rank"]), config_brief(e["config"]), f"{ev['tokens_per_s_per_device']:,.1f}",
-                  f"{ev['mfu']:.3f}", f"{ev['step_time_s']:.2f}", f"{ev['memory']['peak_gib']:.1f}")
+    for lay in layouts:
+        ev, mark = lay["evaluation"], margin_mark(lay)
+        t.add_row(str(lay["best_rank"]), layout_brief(lay["config"]), variant_brief(lay["config"]),
+                  f"{lay['variants']:,}", f"{ev['tokens_per_s_per_device']:,.1f}", f"{ev['mfu']:.3f}",
+                  f"{ev['step_time_s']:.2f}", f"{ev['memory']['peak_gib']:.1f}",
+                  f"{ev['memory']['headroom_gib']:.1f}", f"[red]{mark}[/red]" if mark == "SHORT" else mark)
     out.print(t)
+    if any(lay.get("keeps_margin") is False for lay in layouts):
+        out.print(f"SHORT: headroom below the {margin_gib:g} GiB memory margin (allocator fragmentation and "
+                  "communication buffers are not in the model): ranked after every config that keeps the margin, "
+                  "and may not fit in practice.", highlight=False)
 
 
 @main.command()
@@ -188,9 +199,13 @@ def _search_table(result: dict) -> None:
 @click.option("--storage", default=None, help="Optuna storage URL for sampler studies (default: in memory).")
 @click.option("--study-name", default=None, help="Optuna study name (with --storage).")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Stop sampling after this many seconds.")
+@click.option("--memory-margin-gib", "memory_margin_gib", type=float, default=DEFAULT_MEMORY_MARGIN_GIB,
+              show_default=True, help="Headroom (GiB) a recommendation keeps for allocator fragmentation and "
+                                      "communication buffers; configs short of it rank last (docs/search.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the contract's JSON result.")
 def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix, precision,
-           moe_load_imbalance, seq_length, allow_cross_domain_tp, storage, study_name, timeout_s, as_json) -> None:
+           moe_load_imbalance, seq_length, allow_cross_domain_tp, storage, study_name, timeout_s, memory_margin_gib,
+           as_json) -> None:
     """Find the configs with the highest predicted throughput that fit in memory."""
     try:
         for name, value in (("devices", devices), ("global_batch_size", global_batch_size), ("trials", trials),
@@ -199,14 +214,18 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
                 raise InputError(name, "must be a positive integer")
         if moe_load_imbalance is not None and not 1.0 <= moe_load_imbalance <= 64.0:
             raise InputError("moe_load_imbalance", "must be between 1.0 and 64.0")
+        if (problem := margin_problem(memory_margin_gib)) is not None:
+            raise InputError("memory_margin_gib", problem)
         spec = load_model(model, seq_length)
         profile = load_cluster(cluster)
+        if (problem := margin_problem(memory_margin_gib, profile.fact("memory_gib"))) is not None:
+            raise InputError("memory_margin_gib", problem)
         fixed = validate_fixed(_parse_fix(fix), global_batch_size)
         req = SearchRequest(spec=spec, profile=profile, devices=devices, global_batch_size=global_batch_size,
                             sampler=sampler, n_trials=trials, top_k=top_k, seed=seed, fixed=fixed,
                             precision=precision, moe_load_imbalance=moe_load_imbalance,
                             allow_cross_domain_tp=allow_cross_domain_tp, storage=storage,
-                            study_name=study_name, timeout_s=timeout_s)
+                            study_name=study_name, timeout_s=timeout_s, memory_margin_gib=memory_margin_gib)
         result = _run_with_progress(req)
     except SpaceError as exc:
         _fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
@@ -214,11 +233,15 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
         _fail(exc)
     full = {"inputs": {"model": spec.model_dump(mode="json", exclude_none=True), "cluster": profile.name,
                        "devices": devices, "global_batch_size": global_batch_size, "precision": precision,
-                       "moe_load_imbalance": moe_load_imbalance}, **result}
+                       "moe_load_imbalance": moe_load_imbalance, "memory_margin_gib": memory_margin_gib}, **result}
     if as_json:
         _print_json(full)
     elif result["top"]:
-        _search_table(result)
+        _search_table(result, memory_margin_gib)
+    best = result["best"]
+    if best is not None and best.get("keeps_margin") is False:
+        err.print(f"[yellow]warning:[/yellow] no config keeps the {memory_margin_gib:g} GiB memory margin; the best "
+                  f"leaves {best['evaluation']['memory']['headroom_gib']:.1f} GiB of headroom", highlight=False)
     if result["best"] is None:
         smallest = result.get("smallest_peak_gib")
         where = (f": the smallest peak found is {smallest:.1f} GiB at {config_brief(result['smallest_peak_config'])}"

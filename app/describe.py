@@ -17,3 +17,31 @@ def config_brief(cfg: dict) -> str:
         flags.append("emb/loss-slots")
     flags += [f"{k.split('_')[0]}={cfg[k]}" for k in split]
     return text + (" " + " ".join(flags) if flags else "")
+
+
+LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "etp", "dp")
+
+
+def layout_brief(cfg: dict) -> str:
+    """The parallel layout of a config (the sizes that make two configs the same layout, and dp)."""
+    return " ".join(f"{k}={cfg[k]}" for k in LAYOUT_KEYS if k in cfg)
+
+
+def variant_brief(cfg: dict) -> str:
+    """What a config chooses inside its layout: vpp, micro-batch, recompute and the pipeline split."""
+    text = f"vpp={cfg.get('vpp', 1)} mbs={cfg.get('micro_batch_size')} recompute={cfg.get('recompute', 'none')}"
+    if cfg.get("recompute") == "selective":
+        text += f"({'+'.join(cfg.get('recompute_modules') or ['core_attn'])})"
+    if cfg.get("recompute") == "full" and cfg.get("recompute_num_layers"):
+        text += f"({cfg['recompute_num_layers']} layers)"
+    if cfg.get("account_for_embedding_in_pipeline_split"):
+        text += " emb/loss-slots"
+    text += "".join(f" {k.split('_')[0]}={cfg[k]}" for k in ("first_stage_layers", "last_stage_layers") if k in cfg)
+    return text
+
+
+def margin_mark(entry: dict) -> str:
+    """The margin column of a ranked entry: ``ok``, ``SHORT`` (headroom below the margin), or ``—``
+    when the result carries no margin (older results)."""
+    keeps = entry.get("keeps_margin")
+    return "—" if keeps is None else ("ok" if keeps else "SHORT")

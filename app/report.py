@@ -2,8 +2,11 @@
 
 The input is the dict that ``paraplan search --json`` prints (or the service's equivalent, built by
 ``app/services/report.py``): ``inputs``, ``top`` (ranked configs with their full evaluations), and when
-present ``history`` (samplers) and ``pareto`` (NSGA-II). The page carries a header with the inputs, four
-Plotly plots and a table of the top configs. Plotly's JavaScript (``plotly.min.js`` from the ``plotly``
+present ``history`` (samplers), ``pareto`` (NSGA-II) and ``layouts`` (the best config of each of the top K
+distinct parallel layouts). The page carries a header with the inputs, four Plotly plots, a table of the
+top layouts (each with its best variant and how many variants stand behind it; grouped from ``top`` for
+results without ``layouts``) and a table of the top configs. Configs whose memory headroom is below the
+search's memory margin are marked ``SHORT`` in both tables. Plotly's JavaScript (``plotly.min.js`` from the ``plotly``
 package) is inlined: the file opens on a closed network, with no CDN.
 
 Plots (their ``div`` ids are stable; tests look for them):
@@ -22,7 +25,8 @@ import html
 import json
 import math
 from functools import lru_cache
-from .describe import config_brief
+
+from .describe import config_brief, layout_brief, margin_mark, variant_brief
 
 PLOT_IDS = ("plot-time", "plot-memory", "plot-pareto", "plot-history")
 TIME_PARTS = ("compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "pp_p2p_s",
@@ -76,6 +80,12 @@ def check_result(result) -> None:
             raise ReportError(f"history[{i}]", "must be an object with trial, tokens_per_s and feasible")
     if result.get("inputs") is not None and not isinstance(result["inputs"], dict):
         raise ReportError("inputs", "must be an object")
+    if result.get("layouts") is not None and not isinstance(result["layouts"], list):
+        raise ReportError("layouts", "must be a list")
+    for i, lay in enumerate(result.get("layouts") or []):
+        for key, kind in (("best_rank", int), ("config", dict), ("evaluation", dict), ("variants", int)):
+            if not isinstance(lay, dict) or not isinstance(lay.get(key), kind):
+                raise ReportError(f"layouts[{i}].{key}", "missing or of the wrong type")
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
@@ -131,7 +141,7 @@ def time_figure(top: list[dict]) -> dict:
                                             xaxis={"title": {"text": "rank"}, "type": "category"})}
 
 
-def memory_figure(top: list[dict]) -> dict:
+def memory_figure(top: list[dict], margin: float | None = None) -> dict:
     data, cap = [], _capacity(top)
     stages_max = 0
     for k, e in enumerate(top[:MAX_PLOTTED]):
@@ -148,6 +158,10 @@ def memory_figure(top: list[dict]) -> dict:
         data.append({"type": "scatter", "mode": "lines", "name": f"capacity {cap:g} GiB",
                      "x": [0, max(stages_max - 1, 1)], "y": [cap, cap],
                      "line": {"color": "#d62728", "dash": "dash", "width": 2}})
+        if margin:  # where the memory margin starts: a peak above it is SHORT
+            data.append({"type": "scatter", "mode": "lines", "name": f"capacity − margin ({margin:g} GiB)",
+                         "x": [0, max(stages_max - 1, 1)], "y": [cap - margin, cap - margin],
+                         "line": {"color": "#ff7f0e", "dash": "dot", "width": 2}})
     title = "Peak memory per pipeline stage" if stages_max else \
         "Peak memory per pipeline stage: no per-stage figures in this result"
     return {"data": data, "layout": _layout(title, "pipeline stage", "GiB", yaxis={
@@ -230,6 +244,7 @@ def _header(result: dict) -> str:
     rows = [("model", model_name), ("cluster", inputs.get("cluster")), ("devices", _fmt(inputs.get("devices"), ",.0f")),
             ("global batch size", _fmt(inputs.get("global_batch_size"), ",.0f")),
             ("precision", inputs.get("precision")), ("MoE load imbalance", inputs.get("moe_load_imbalance")),
+            ("memory margin", None if _margin(result) is None else f"{_margin(result):g} GiB"),
             ("engine", result.get("engine")), ("space size", _fmt(result.get("space_size"), ",.0f")),
             ("trials scored", _fmt(result.get("trials"), ",.0f")),
             ("feasible trials", _fmt(result.get("feasible_trials"), ",.0f")),
@@ -243,17 +258,69 @@ def _header(result: dict) -> str:
     return f'<table class="inputs">{cells}</table>'
 
 
+def _margin(result: dict) -> float | None:
+    """The search's memory margin (GiB), None for results from before margins."""
+    return _num((result.get("inputs") or {}).get("memory_margin_gib"))
+
+
+def layout_groups(result: dict) -> tuple[list[dict], str]:
+    """The top layouts (``result["layouts"]``) and a note on where they come from; results without them
+    are grouped here from ``top`` (variants then count only the ranked configs)."""
+    if result.get("layouts") is not None:
+        total = result.get("feasible_layouts")
+        return result["layouts"], (f"of {total:,} layouts with a config that fits" if isinstance(total, int) else "")
+    groups: dict[tuple, dict] = {}
+    for e in result["top"]:
+        key = tuple(e["config"].get(k) for k in ("tp", "pp", "cp", "ep", "etp"))
+        if key in groups:
+            groups[key]["variants"] += 1
+        else:
+            groups[key] = {**e, "best_rank": e["rank"], "variants": 1}
+    return list(groups.values()), "grouped from the top configs (this result has no layouts list)"
+
+
+def _layouts_table(layouts: list[dict]) -> str:
+    cols = ("rank", "layout", "best variant", "variants", "tokens/s/device", "MFU", "step s", "peak GiB",
+            "headroom GiB", "margin")
+    head = "".join(f"<th>{c}</th>" for c in cols)
+    body = []
+    for lay in layouts:
+        ev, cfg = lay["evaluation"], lay["config"]
+        cells = (str(lay["best_rank"]), layout_brief(cfg), variant_brief(cfg), f"{lay['variants']:,}",
+                 _fmt(ev.get("tokens_per_s_per_device"), ",.1f"), _fmt(ev.get("mfu"), ".3f"),
+                 _fmt(ev.get("step_time_s"), ".3f"), _fmt(_peak(ev), ".1f"), _fmt(_headroom(ev), ".1f"),
+                 margin_mark(lay))
+        full = html.escape(json.dumps(cfg, sort_keys=True), quote=True)
+        body.append(f'<tr class="{_row_class(lay)}">' + "".join(
+            f'<td title="{full}">{html.escape(c)}</td>' if i in (1, 2) else f"<td>{html.escape(c)}</td>"
+            for i, c in enumerate(cells)) + "</tr>")
+    return f'<table class="top layouts"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def _headroom(ev: dict) -> float | None:
+    mem = ev.get("memory") or {}
+    room = _num(mem.get("headroom_gib"))
+    if room is None and _num(mem.get("capacity_gib")) is not None and _peak(ev) is not None:
+        room = _num(mem["capacity_gib"]) - _peak(ev)
+    return room
+
+
+def _row_class(entry: dict) -> str:
+    return "short" if entry.get("keeps_margin") is False else ""
+
+
 def _top_table(top: list[dict]) -> str:
-    cols = ("rank", "config", "tokens/s", "tokens/s/device", "MFU", "HFU", "step s", "peak GiB", "fits")
+    cols = ("rank", "config", "tokens/s", "tokens/s/device", "MFU", "HFU", "step s", "peak GiB", "fits", "margin")
     head = "".join(f"<th>{c}</th>" for c in cols)
     body = []
     for e in top:
         ev = e["evaluation"]
         cells = (str(e["rank"]), config_brief(e["config"]), _fmt(ev.get("tokens_per_s"), ",.0f"),
                  _fmt(ev.get("tokens_per_s_per_device"), ",.1f"), _fmt(ev.get("mfu"), ".3f"), _fmt(ev.get("hfu"), ".3f"),
-                 _fmt(ev.get("step_time_s"), ".3f"), _fmt(_peak(ev), ".1f"), "yes" if ev["feasible"] else "no")
+                 _fmt(ev.get("step_time_s"), ".3f"), _fmt(_peak(ev), ".1f"), "yes" if ev["feasible"] else "no",
+                 margin_mark(e))
         full = html.escape(json.dumps(e["config"], sort_keys=True), quote=True)
-        body.append("<tr>" + "".join(f'<td title="{full}">{html.escape(c)}</td>' if i == 1 else
+        body.append(f'<tr class="{_row_class(e)}">' + "".join(f'<td title="{full}">{html.escape(c)}</td>' if i == 1 else
                                      f"<td>{html.escape(c)}</td>" for i, c in enumerate(cells)) + "</tr>")
     return f'<table class="top"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
@@ -265,6 +332,7 @@ table{border-collapse:collapse;font-size:13px} th,td{border:1px solid #ddd;paddi
 table.inputs th{background:#f4f4f4;font-weight:600} table.top td:not(:nth-child(2)){text-align:right}
 table.top thead th{background:#f4f4f4} .grid{display:grid;grid-template-columns:1fr 1fr;gap:12px}
 .plot{border:1px solid #eee;min-height:440px} .note{color:#666;font-size:12px}
+tr.short td{background:#fff4e5} tr.short td:last-child{color:#b34700;font-weight:600} .short-note{color:#b34700}
 """
 
 
@@ -278,11 +346,20 @@ def _version(result: dict) -> str:
     return ""
 
 
+def _margin_note(margin: float | None) -> str:
+    if margin is None:
+        return ""
+    return (f" SHORT: headroom below the {margin:g} GiB memory margin; such configs are ranked after every "
+            "config that keeps it.")
+
+
 def render_report(result: dict) -> str:
     """The HTML page (a str) for a search result; :class:`ReportError` names what a bad result lacks."""
     check_result(result)
     top = result["top"]
-    figures = {"plot-time": time_figure(top), "plot-memory": memory_figure(top), "plot-pareto": pareto_figure(result),
+    margin = _margin(result)
+    figures = {"plot-time": time_figure(top), "plot-memory": memory_figure(top, margin),
+               "plot-pareto": pareto_figure(result),
                "plot-history": history_figure(result)}
     payload = json.dumps(figures, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
     inputs = result.get("inputs") or {}
@@ -292,8 +369,14 @@ def render_report(result: dict) -> str:
     best = top[0] if top else None
     best_line = (f"Best: <b>{html.escape(config_brief(best['config']))}</b> — "
                  f"{_fmt(best['evaluation'].get('tokens_per_s_per_device'), ',.1f')} tokens/s/device, "
-                 f"MFU {_fmt(best['evaluation'].get('mfu'), '.3f')}" if best else
+                 f"MFU {_fmt(best['evaluation'].get('mfu'), '.3f')}, "
+                 f"headroom {_fmt(_headroom(best['evaluation']), '.1f')} GiB" if best else
                  "<b>No config fits.</b>")
+    if best and best.get("keeps_margin") is False:
+        best_line += (f'<br><span class="short-note"><b>No config keeps the {margin:g} GiB memory margin</b>: '
+                      "this one fits in the model but leaves less room than the margin for allocator fragmentation "
+                      "and communication buffers, and may not fit in practice.</span>")
+    layouts, layouts_note = layout_groups(result)
     divs = "".join(f'<div id="{pid}" class="plot"></div>' for pid in PLOT_IDS)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -303,6 +386,11 @@ def render_report(result: dict) -> str:
 {_header(result)}
 <p>{best_line}</p>
 <div class="grid">{divs}</div>
+<h2>Top {len(layouts)} layouts</h2>
+<p class="note">Distinct parallel layouts (tp, pp, cp, ep, etp), each with its best variant (vpp, micro-batch,
+recompute, pipeline split) and how many variants fit; rank: of that variant among all ranked configs;
+{html.escape(layouts_note)}.{_margin_note(margin)}</p>
+{_layouts_table(layouts)}
 <h2>Top {len(top)} configs</h2>
 {_top_table(top)}
 <p class="note">Generated by ParaPlan {html.escape(str(_version(result)))}; plots by Plotly
