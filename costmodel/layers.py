@@ -223,10 +223,11 @@ def moe_block(ctx: Context) -> Cost:
     h, f, E, k = spec.hidden_size, spec.expert_ffn, spec.num_experts, spec.moe_router_topk
     local_experts = E / s.ep
     tokens_per_device = s.routed * s.etp  # every ETP member processes its EP rank's tokens
-    expert_gemms, expert_act, _ = _mlp_parts(ctx, f, tokens_per_device / local_experts, s.etp)
-    # Grouped expert GEMMs run below a dense GEMM of the same size (calibrated ratio).
-    expert_gemms = local_experts * expert_gemms / hw.moe_gemm_eff_ratio
-    expert_act = local_experts * expert_act
+    # The local experts run as one grouped GEMM per projection (TEGroupedMLP, npu_gmm): one kernel
+    # call over every routed token, so the per-call cost of the saturation curve is paid once, not
+    # per expert; grouped GEMMs run below a dense GEMM of the same size (calibrated ratio).
+    expert_gemms, expert_act, _ = _mlp_parts(ctx, f, tokens_per_device, s.etp)
+    expert_gemms = expert_gemms / hw.moe_gemm_eff_ratio
     expert_flops = 2.0 * s.routed * mlp_params(h, f, spec.swiglu)
     router = (gemm_s(s.tokens_moe, h, E, hw, False)
               + memory_bound_s(ROUTER_BYTES_PER_SCORE * s.tokens_moe * E, hw))
