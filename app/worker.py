@@ -326,7 +326,7 @@ class Worker:
             n_trials=s["n_trials"], top_k=s["top_k"], seed=seed, fixed=s.get("fixed") or None,
             precision=job.precision, moe_load_imbalance=job.moe_load_imbalance,
             allow_cross_domain_tp=s.get("allow_cross_domain_tp", False), storage=storage, study_name=name,
-            timeout_s=s.get("timeout_s"), worker=self.owner)
+            timeout_s=s.get("timeout_s"), worker=self.owner, **_margin_option(s))
 
     def _drop_lease(self, job_id: str) -> None:
         with contextlib.suppress(SQLAlchemyError), self._sessions() as db:
@@ -356,11 +356,11 @@ class Worker:
         return "failed" if res.rowcount else "cancelled"
 
     def _finish(self, job_id: str, result: dict) -> str:
-        summary = {k: v for k, v in result.items() if k not in ("best", "top", "history")}
+        summary = {k: v for k, v in result.items() if k not in ("best", "top", "history", "layouts")}
         now = utcnow()
         with self._sessions() as db:
             res = db.execute(_job_update(Job.id == job_id, Job.status == "running", self._holds_lease(job_id)).values(
-                status="succeeded", summary=summary, trials_done=result["trials"],
+                status="succeeded", summary=summary, layouts=result.get("layouts"), trials_done=result["trials"],
                 trials_total=max(result["trials"], db.scalar(select(Job.trials_total).where(Job.id == job_id)) or 0),
                 finished_at=now, updated_at=now, error=None))
             if res.rowcount != 1:  # cancelled, deleted or finished by another worker: write nothing
@@ -379,6 +379,13 @@ def _transient(exc: BaseException) -> bool:
     import optuna
 
     return isinstance(exc, (SQLAlchemyError, optuna.exceptions.StorageInternalError))
+
+
+def _margin_option(search: dict) -> dict:
+    """The job's memory margin as a search argument; a job stored before margins existed gets the
+    default (it is run now, under the current ranking rules)."""
+    margin = search.get("memory_margin_gib")
+    return {} if margin is None else {"memory_margin_gib": float(margin)}
 
 
 def _wanted_workers(search: dict) -> int:

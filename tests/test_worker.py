@@ -55,7 +55,11 @@ def test_a_job_runs_to_success_and_matches_run_search(env, same_result):
     assert done["best"] == configs["items"][0]
     direct = run_search(SearchRequest(spec=model_presets.load("tiny-moe"), profile=hardware_profiles.load(
         "nvidia-h100-80gb"), devices=8, global_batch_size=64, sampler="exhaustive", top_k=5))
-    same_result([{k: e[k] for k in ("rank", "config", "evaluation")} for e in direct["top"]], configs["items"])
+    # the items also say whether they keep the job's memory margin, as run_search does
+    keys = ("rank", "config", "evaluation", "keeps_margin")
+    same_result([{k: e[k] for k in keys} for e in direct["top"]], [{k: e[k] for k in keys} for e in configs["items"]])
+    assert all(e["keeps_margin"] is True and e["margin_warning"] is None for e in configs["items"])
+    assert set(configs["items"][0]) == {"rank", "config", "evaluation", "keeps_margin", "margin_warning"}
     by_mfu = client.get(f"/v1/jobs/{job['id']}/configs", params={"sort": "peak_gib", "limit": 2}).json()
     peaks = [c["evaluation"]["memory"]["peak_gib"] for c in by_mfu["items"]]
     assert by_mfu["total"] == 5 and peaks == sorted(peaks)

@@ -93,6 +93,8 @@ def _print_table(job: dict, configs: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from app.describe import margin_mark
+
     out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
     s = job.get("summary") or {}
     out.print(f"job {job['id']} [b]{job['status']}[/b] · engine {s.get('engine', '?')} · "
@@ -100,13 +102,18 @@ def _print_table(job: dict, configs: list[dict]) -> None:
               f"{s.get('search_time_s', 0):.1f} s", highlight=False)
     t = Table(title=f"top {len(configs)}", title_justify="left")
     for col, just in (("rank", "right"), ("config", "left"), ("tokens/s/dev", "right"), ("MFU", "right"),
-                      ("step s", "right"), ("peak GiB", "right")):
+                      ("step s", "right"), ("peak GiB", "right"), ("margin", "left")):
         t.add_column(col, justify=just, overflow="fold")
     for e in configs:
         ev = e["evaluation"]
         t.add_row(str(e["rank"]), _brief(e["config"]), _fmt(ev["tokens_per_s_per_device"], ",.1f"),
-                  _fmt(ev["mfu"], ".3f"), _fmt(ev["step_time_s"], ".2f"), _fmt(ev["memory"]["peak_gib"], ".1f"))
+                  _fmt(ev["mfu"], ".3f"), _fmt(ev["step_time_s"], ".2f"), _fmt(ev["memory"]["peak_gib"], ".1f"),
+                  margin_mark(e))
     out.print(t)
+    margin = (job["inputs"].get("search") or {}).get("memory_margin_gib")
+    if any(e.get("keeps_margin") is False for e in configs):
+        out.print(f"SHORT: headroom below the {margin:g} GiB memory margin: ranked after every config that keeps "
+                  "it, and may not fit in practice.", highlight=False)
     if job.get("best"):
         out.print("best config: " + json.dumps(job["best"]["config"], separators=(",", ":")), highlight=False,
                   soft_wrap=True)
@@ -163,6 +170,8 @@ def _follow(client, job: dict, timeout_s: float | None, poll_s: float, err) -> d
 @click.option("--seq-length", type=int, default=None, help="Override the model's seq_length.")
 @click.option("--allow-cross-domain-tp", is_flag=True, help="Let tp span more than one scale-up domain.")
 @click.option("--search-timeout", type=float, default=None, help="Stop the job's sampling after this many seconds.")
+@click.option("--memory-margin-gib", "memory_margin_gib", type=float, default=None,
+              help="Memory headroom (GiB) the ranking asks of a config (server default 4; docs/search.md).")
 @click.option("--wait", is_flag=True, help="Follow the job to its end and print the ranked configs.")
 @click.option("--min-mfu", type=float, default=None, help="Exit 5 unless the best config reaches this MFU "
                                                           "(implies --wait).")
@@ -174,8 +183,8 @@ def _follow(client, job: dict, timeout_s: float | None, poll_s: float, err) -> d
                                                       "reused for retries).")
 @click.option("--json", "as_json", is_flag=True, help="Print the job (with its ranked configs as `top`) as JSON.")
 def submit(server, model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix, precision,
-           moe_load_imbalance, seq_length, allow_cross_domain_tp, search_timeout, wait, min_mfu, timeout_s,
-           poll_s, api_key, idempotency_key, as_json) -> None:
+           moe_load_imbalance, seq_length, allow_cross_domain_tp, search_timeout, memory_margin_gib, wait, min_mfu,
+           timeout_s, poll_s, api_key, idempotency_key, as_json) -> None:
     """Submit a search job to a ParaPlan server (the CI client); exit 0 only for a usable plan."""
     from rich.console import Console
 
@@ -183,7 +192,8 @@ def submit(server, model, cluster, devices, global_batch_size, trials, sampler, 
     try:
         code = _submit(err, server, model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix,
                        precision, moe_load_imbalance, seq_length, allow_cross_domain_tp, search_timeout,
-                       wait or min_mfu is not None, min_mfu, timeout_s, poll_s, api_key, idempotency_key, as_json)
+                       wait or min_mfu is not None, min_mfu, timeout_s, poll_s, api_key, idempotency_key, as_json,
+                       memory_margin_gib)
     except ClientError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         sys.exit(exc.code)
@@ -194,11 +204,13 @@ def submit(server, model, cluster, devices, global_batch_size, trials, sampler, 
 
 
 def _submit(err, server, model, cluster, devices, gbs, trials, sampler, top_k, seed, fix, precision, imbalance,
-            seq_length, cross_tp, search_timeout, wait, min_mfu, timeout_s, poll_s, api_key, idem, as_json) -> int:
+            seq_length, cross_tp, search_timeout, wait, min_mfu, timeout_s, poll_s, api_key, idem, as_json,
+            memory_margin_gib=None) -> int:
     import httpx
 
     search = {k: v for k, v in (("sampler", sampler), ("n_trials", trials), ("top_k", top_k), ("seed", seed),
-                                ("timeout_s", search_timeout)) if v is not None}
+                                ("timeout_s", search_timeout), ("memory_margin_gib", memory_margin_gib))
+              if v is not None}
     if fix:
         search["fixed"] = _fixed(fix)
     if cross_tp:

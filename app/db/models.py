@@ -8,7 +8,9 @@
   asks for ``search.parallel_workers`` of them; a lease that is not renewed lets another worker in).
 * ``job_configs``: the ranked configs of a finished job, rank 1 first, each with its full evaluation
   JSON and the columns users filter and sort on (tokens/s, MFU, peak memory). An exhaustive job
-  stores its top K and the counts (in ``jobs.summary``), not a row per scored config.
+  stores its top K and the counts (in ``jobs.summary``), not a row per scored config. The best config
+  of each of the top K distinct parallel layouts, with its evaluation, is ``jobs.layouts`` (JSON; most
+  of them are also ranked configs, but a layout's best may rank beyond K).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Job(Base):
     trials_total: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # engine, space_size, trials, counts, ...
+    layouts: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)  # top K layouts (search output ``layouts``)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
 
     # the workers' claims (the leases themselves are rows of ``job_leases``)

@@ -35,6 +35,8 @@ class MemoryBreakdown(_Open):
 
     peak_gib: float | None
     capacity_gib: float | None
+    headroom_gib: float | None = Field(None, description="capacity_gib − peak_gib: room left on the fullest "
+                                                         "device (negative when the config does not fit).")
     params_gib: float | None
     grads_gib: float | None
     optimizer_gib: float | None
@@ -64,10 +66,41 @@ class Evaluation(_Open):
     versions: Versions
 
 
+KEEPS_MARGIN = Field(None, description="Whether the config's memory headroom is at least the job's "
+                                       "`search.memory_margin_gib`; false: ranked after every config that keeps "
+                                       "it, and it may not fit in practice. Null for jobs from before margins.")
+MARGIN_WARNING = Field(None, description="Set when `keeps_margin` is false: the headroom and the margin, in words.")
+
+
 class RankedConfig(BaseModel):
-    rank: int = Field(description="1 is the best (highest predicted tokens/s that fits).", examples=[1])
+    rank: int = Field(description="1 is the best (highest predicted tokens/s that keeps the memory margin, "
+                                  "then those that only fit).", examples=[1])
     config: dict[str, Any] = Field(description="The training config (CONTRACT.md, \"Training config\").",
                                    examples=[{"tp": 8, "pp": 16, "vpp": 2, "cp": 1, "ep": 32, "etp": 1,
                                               "micro_batch_size": 2, "global_batch_size": 7680,
                                               "recompute": "selective"}])
     evaluation: Evaluation
+    keeps_margin: bool | None = KEEPS_MARGIN
+    margin_warning: str | None = MARGIN_WARNING
+
+
+class Layout(BaseModel):
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+
+
+class RankedLayout(BaseModel):
+    """One distinct parallel layout and its best variant (vpp, micro-batch, recompute, split)."""
+
+    layout: Layout = Field(description="The sizes that make configs the same layout.")
+    best_rank: int = Field(description="The rank of `config` among all ranked configs (it may lie beyond the "
+                                       "job's `top_k`).", examples=[3])
+    config: dict[str, Any] = Field(description="The layout's best config.")
+    evaluation: Evaluation
+    variants: int = Field(description="Configs of this layout that fit, among those the search scored.",
+                          examples=[175])
+    keeps_margin: bool | None = KEEPS_MARGIN
+    margin_warning: str | None = MARGIN_WARNING

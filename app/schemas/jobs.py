@@ -8,8 +8,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
+from search.margin import DEFAULT_MEMORY_MARGIN_GIB, MAX_MEMORY_MARGIN_GIB
 
-from .evaluation import RankedConfig
+from .evaluation import RankedConfig, RankedLayout
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Sampler = Literal["auto", "tpe", "nsga2", "random", "exhaustive"]
@@ -35,7 +36,8 @@ MAX_SEQ_LENGTH = 100_000_000  # as the model-spec cap on seq_length (app/service
 
 class SearchOptions(BaseModel):
     """How to search; every field is optional. Defaults: `auto` sampler, 500 trials, top 10, a random
-    seed (recorded in the job, so the job can be re-run exactly), no time limit, nothing pinned."""
+    seed (recorded in the job, so the job can be re-run exactly), no time limit, nothing pinned, a 4 GiB
+    memory margin."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -58,6 +60,12 @@ class SearchOptions(BaseModel):
                                                               "once, each adding trials until `n_trials` finished "
                                                               "trials are in the study (samplers only; an "
                                                               "exhaustive search runs on one worker).")
+    memory_margin_gib: float = Field(
+        DEFAULT_MEMORY_MARGIN_GIB, ge=0, le=MAX_MEMORY_MARGIN_GIB, allow_inf_nan=False,
+        description="Memory headroom (GiB) a recommendation keeps for what the cost model does not count "
+                    "(allocator fragmentation, communication buffers); configs short of it are still ranked, after "
+                    "every config that keeps it, and flagged. Must be below the device memory. Default 4 GiB "
+                    "(docs/search.md: why).")
 
 
 class JobCreate(BaseModel):
@@ -90,6 +98,8 @@ class ResolvedSearch(SearchOptions):
     seed: int = Field(description="The seed used (chosen at random when the request had none).")
     engine: str = Field(description="The engine that runs: `auto` resolved at submission.", examples=["tpe"])
     space_size: int = Field(description="Configs in the search space.", examples=[11894960])
+    memory_margin_gib: float | None = Field(None, description="The memory margin the job ranks with (GiB); null "
+                                                              "for jobs submitted before margins existed.")
 
 
 class JobInputs(BaseModel):
@@ -147,6 +157,13 @@ class JobPage(BaseModel):
 
 class ConfigPage(BaseModel):
     items: list[RankedConfig]
+    total: int
+    limit: int
+    offset: int
+
+
+class LayoutPage(BaseModel):
+    items: list[RankedLayout]
     total: int
     limit: int
     offset: int

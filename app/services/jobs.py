@@ -18,6 +18,7 @@ from app.db.models import FINISHED, Job, JobConfig, JobLease, utcnow
 from app.schemas.jobs import JobCreate
 from costmodel.result import PARAPLAN_VERSION
 from search import AUTO_EXHAUSTIVE_MAX, SpaceError, build_space, validate_fixed
+from search.margin import margin_fields, margin_problem
 
 from .errors import field_loc, http_error, invalid, not_found
 from .inputs import (GRID_CAP, check_config_ints, check_layout, check_stages, grid_estimate, resolve_cluster,
@@ -70,6 +71,8 @@ def prepare(body: JobCreate, settings: Settings) -> dict:
     s = body.search
     if body.precision == "fp8" and not profile.has_fp8:
         raise invalid(["body", "precision"], f"fp8 needs an FP8 peak, which profile {profile.name} does not have")
+    if (problem := margin_problem(s.memory_margin_gib, profile.fact("memory_gib"))) is not None:
+        raise invalid(["body", "search", "memory_margin_gib"], problem)
     check_config_ints(s.fixed, ["body", "search", "fixed"])
     check_layout(s.fixed.get("pipeline_layout"), ["body", "search", "fixed", "pipeline_layout"])
     try:
@@ -162,8 +165,9 @@ def _replay(job: Job, digest: str) -> Job:
     return job
 
 
-# Columns the API never shows (the exact inputs kept for reproduction): not read for the job views.
-_HEAVY = (defer(Job.cluster_profile), defer(Job.request))
+# Columns the API never shows (the exact inputs kept for reproduction) or shows on their own route (the
+# layouts): not read for the job views.
+_HEAVY = (defer(Job.cluster_profile), defer(Job.request), defer(Job.layouts))
 
 
 def get(db: Session, job_id: str, *, owner: str) -> Job:
@@ -212,9 +216,19 @@ def exists(db: Session, job_id: str, *, owner: str) -> None:
         raise not_found(job_id)
 
 
+def margin_of(db: Session, job_id: str) -> float | None:
+    """The memory margin a job ranks with (GiB); None for jobs from before margins."""
+    return _margin((db.scalar(select(Job.search).where(Job.id == job_id)) or {}))
+
+
+def _margin(search: dict) -> float | None:
+    value = (search or {}).get("memory_margin_gib")
+    return None if value is None else float(value)
+
+
 def configs(db: Session, job_id: str, limit: int, offset: int, sort: str = "rank", min_mfu: float | None = None,
-            max_peak_gib: float | None = None) -> tuple[list[dict], int]:
-    """A page of ranked configs (as API dicts) and how many match."""
+            max_peak_gib: float | None = None, margin_gib: float | None = None) -> tuple[list[dict], int]:
+    """A page of ranked configs (as API dicts, with whether each keeps ``margin_gib``) and how many match."""
     where = [JobConfig.job_id == job_id]
     if min_mfu is not None:
         where.append(JobConfig.mfu >= min_mfu)
@@ -226,7 +240,13 @@ def configs(db: Session, job_id: str, limit: int, offset: int, sort: str = "rank
         total = offset + len(rows)  # the last page: no count query needed
     else:
         total = db.scalar(select(func.count()).select_from(JobConfig).where(*where))
-    return [{"rank": r.rank, "config": r.config, "evaluation": r.evaluation} for r in rows], int(total)
+    return [ranked_entry(r.rank, r.config, r.evaluation, margin_gib) for r in rows], int(total)
+
+
+def layouts(db: Session, job_id: str, limit: int, offset: int) -> tuple[list[dict], int]:
+    """A page of the job's top layouts (best first) and how many it has; none until it has succeeded."""
+    items = db.scalar(select(Job.layouts).where(Job.id == job_id)) or []
+    return items[offset:offset + limit], len(items)
 
 
 def ranked_config(db: Session, job: Job, rank: int) -> JobConfig:
@@ -287,7 +307,7 @@ def to_out(job: Job, best: JobConfig | None) -> dict:
         "id": job.id,
         "status": job.status,
         "progress": {"trials_done": min(int(job.trials_done or 0), total), "trials_total": total},
-        "best": config_out(best) if best is not None else None,
+        "best": config_out(best, _margin(job.search)) if best is not None else None,
         "error": job.error,
         "inputs": {"model": model, "cluster": job.cluster_name, "profile_version": job.profile_version,
                    "devices": job.devices, "global_batch_size": job.global_batch_size,
@@ -301,5 +321,11 @@ def to_out(job: Job, best: JobConfig | None) -> dict:
     }
 
 
-def config_out(row: JobConfig) -> dict:
-    return {"rank": row.rank, "config": row.config, "evaluation": row.evaluation}
+def config_out(row: JobConfig, margin_gib: float | None = None) -> dict:
+    return ranked_entry(row.rank, row.config, row.evaluation, margin_gib)
+
+
+def ranked_entry(rank: int, config: dict, evaluation: dict, margin_gib: float | None) -> dict:
+    """A ranked config as the API shows it: the margin fields come from the stored evaluation's headroom
+    and the job's margin (they are not stored: a job from before margins has none)."""
+    return {"rank": rank, "config": config, "evaluation": evaluation, **margin_fields(evaluation, margin_gib)}

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from app.db.models import Job, JobConfig
 
 from .errors import http_error
-from .jobs import study_name
+from .jobs import ranked_entry, study_name
 
 log = logging.getLogger("paraplan.report")
 
@@ -56,14 +56,17 @@ def job_result(db: Session, job: Job, storage_url: str) -> dict:
         raise not_finished(job)
     rows = db.execute(select(JobConfig.rank, JobConfig.config, JobConfig.evaluation)
                       .where(JobConfig.job_id == job.id).order_by(JobConfig.rank)).all()
-    top = [{"rank": r.rank, "config": r.config, "evaluation": r.evaluation} for r in rows]
+    margin = (job.search or {}).get("memory_margin_gib")
+    top = [ranked_entry(r.rank, r.config, r.evaluation, margin) for r in rows]
     summary = dict(job.summary or {})
     model = {k: v for k, v in (job.model_spec or {}).items() if v is not None}
     result = {"inputs": {"model": model, "cluster": job.cluster_name, "devices": job.devices,
                          "global_batch_size": job.global_batch_size, "precision": job.precision,
-                         "moe_load_imbalance": job.moe_load_imbalance},
+                         "moe_load_imbalance": job.moe_load_imbalance, "memory_margin_gib": margin},
               **summary, "best": top[0] if top else None, "top": top, "job_id": job.id,
               "seed": (job.search or {}).get("seed"), "paraplan_version": job.paraplan_version}
+    if job.layouts is not None:
+        result["layouts"] = job.layouts
     if summary.get("engine") != "exhaustive":
         try:
             history = study_history(storage_url, job.id)

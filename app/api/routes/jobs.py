@@ -18,7 +18,7 @@ from app.api.deps import api_scope, get_db, get_settings
 from app.core.config import Settings
 from app.schemas.common import (AUTH_ERRORS, BODY_ERRORS, MAX_OFFSET, MAX_PAGE_SIZE, NOT_FOUND, QUERY_ERRORS,
                                 TOO_LARGE, error_doc, header_doc, text_route)
-from app.schemas.jobs import ConfigPage, JobCreate, JobOut, JobPage, Status
+from app.schemas.jobs import ConfigPage, JobCreate, JobOut, JobPage, LayoutPage, Status
 from app.services import jobs as service
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(api_scope)], responses=AUTH_ERRORS)
@@ -119,7 +119,23 @@ async def get_configs(job_id: JobId,
                                                                                          "at most this.")] = None,
                 scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
     service.exists(db, job_id, owner=scope)
-    items, total = service.configs(db, job_id, limit, offset, sort, min_mfu, max_peak_gib)
+    items, total = service.configs(db, job_id, limit, offset, sort, min_mfu, max_peak_gib,
+                                   service.margin_of(db, job_id))
+    return {"items": items, "total": total, "limit": limit, "offset": offset}
+
+
+@router.get("/{job_id}/layouts", response_model=LayoutPage, summary="The job's top distinct parallel layouts",
+            description="The best config of each of the job's top `top_k` distinct layouts (tp, pp, cp, ep, etp), "
+                        "best first, with its rank among all ranked configs (`best_rank`, which may lie beyond "
+                        "`top_k`), its full evaluation, how many variants of the layout fit (`variants`) and whether "
+                        "it keeps the memory margin. Empty until the job has succeeded, and for jobs from before "
+                        "layouts were recorded.", responses={**NOT_FOUND, **QUERY_ERRORS})
+async def get_layouts(job_id: JobId,
+                      limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 50,
+                      offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
+                      scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
+    service.exists(db, job_id, owner=scope)
+    items, total = service.layouts(db, job_id, limit, offset)
     return {"items": items, "total": total, "limit": limit, "offset": offset}
 
 
