@@ -57,10 +57,12 @@ def search_result(model: str, cluster: str, devices: int, gbs: int, sampler: str
     from search import SearchRequest, run_search
 
     spec, profile = load_model(model, None), load_cluster(cluster)
-    result = run_search(SearchRequest(spec=spec, profile=profile, devices=devices, global_batch_size=gbs,
-                                      sampler=sampler, n_trials=trials, seed=seed))
+    req = SearchRequest(spec=spec, profile=profile, devices=devices, global_batch_size=gbs, sampler=sampler,
+                        n_trials=trials, seed=seed)
+    result = run_search(req)
     return {"inputs": {"model": spec.model_dump(mode="json", exclude_none=True), "cluster": profile.name,
-                       "devices": devices, "global_batch_size": gbs, "precision": "bf16", "moe_load_imbalance": None},
+                       "devices": devices, "global_batch_size": gbs, "precision": "bf16", "moe_load_imbalance": None,
+                       "memory_margin_gib": req.memory_margin_gib},
             **result}
 
 
