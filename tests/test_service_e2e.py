@@ -49,13 +49,19 @@ def test_pangu_job_over_http_matches_paraplan_search_and_survives_a_restart(serv
         assert [p["trials_done"] for p in progress] == sorted(p["trials_done"] for p in progress)
         assert job["progress"] == {"trials_done": 200, "trials_total": 200}
         configs = c.get(f"/v1/jobs/{job_id}/configs", params={"limit": 500}).json()
+        layouts = c.get(f"/v1/jobs/{job_id}/layouts").json()
 
     cli = run_cli("search", "--model", "pangu-ultra-moe-718b", "--cluster", "ascend-910b", "--devices", "6144",
                   "--global-batch-size", "7680", "--sampler", "tpe", "--trials", "200", "--seed", "7", "--json")
     assert cli.returncode == 0, cli.stderr
     expected = json.loads(cli.stdout)
     assert configs["total"] == len(expected["top"]) == 10
-    same_result([{k: e[k] for k in ("rank", "config", "evaluation")} for e in expected["top"]], configs["items"])
+    # the items also say whether they keep the memory margin, as the CLI's entries do
+    keys = ("rank", "config", "evaluation", "keeps_margin")
+    same_result([{k: e[k] for k in keys} for e in expected["top"]], [{k: e[k] for k in keys} for e in configs["items"]])
+    assert [e.get("margin_warning") for e in expected["top"]] == [e["margin_warning"] for e in configs["items"]]
+    keys = ("layout", "best_rank", "config", "evaluation", "variants", "keeps_margin")
+    same_result([{k: g[k] for k in keys} for g in expected["layouts"]], [{k: g[k] for k in keys} for g in layouts["items"]])
     assert job["best"] == configs["items"][0]
     assert job["inputs"]["profile_version"] == expected["best"]["evaluation"]["versions"]["profile"]
     assert job["summary"]["feasible_trials"] == expected["feasible_trials"]
