@@ -3,7 +3,9 @@
 From a file (what ``paraplan search --json`` printed: ``inputs.model`` is the spec, ``top``/``best``
 entries carry ``rank`` and ``config``), or from a server job (``GET /v1/jobs/{id}/configs/{rank}/launch``).
 Prints the arguments only, one flag per line joined with `` \\`` (see ``app.launch.format_args``).
-Bad input (unreadable file, a field missing, rank out of range, unknown format) exits 2 naming the field.
+Bad input (unreadable file, a field missing, rank out of range, unknown format) exits 2 naming the field;
+so does a config with an option the format cannot express (``search.frameworks``): the message names the
+option and why, and nothing is printed on stdout.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 
 import click
 
-from app.launch import FORMATS, format_args, launch_args
+from app.launch import FORMATS, InexpressibleError, format_args, launch_args
 
 EXIT_INPUT, EXIT_SERVER = 2, 7
 
@@ -49,9 +51,24 @@ def args_from_result(result, rank: int, fmt: str) -> list[str]:
         raise InputError(f"top.{rank}.config", "missing")
     cfg = _validated(TrainingConfig, config, f"top.{rank}.config")
     try:
-        return launch_args(cfg, spec, fmt)
+        return launch_args(cfg, spec, fmt, _scale_up_domain(inputs.get("cluster")))
+    except InexpressibleError as exc:
+        raise InputError(f"top.{rank}.config.{exc.field}", str(exc)) from None
     except (ValueError, ValidationError) as exc:
         raise InputError("config", str(exc)) from None
+
+
+def _scale_up_domain(cluster) -> int | None:
+    """Devices per scale-up domain of the result's cluster profile (None when it cannot be loaded here:
+    the options that depend on it are then refused, not guessed)."""
+    from app.inputs import InputError, load_cluster
+
+    if not isinstance(cluster, str):
+        return None
+    try:
+        return int(load_cluster(cluster).fact("scale_up_domain"))
+    except InputError:
+        return None
 
 
 @click.command()
