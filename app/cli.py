@@ -17,6 +17,7 @@ from costmodel import evaluate as evaluate_config
 from costmodel.runtime import tune_allocator
 from search import ENGINES, SearchRequest, SpaceError, run_search, validate_fixed
 from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
+from search.frameworks import FRAMEWORKS, default_framework
 from search.margin import DEFAULT_MEMORY_MARGIN_GIB, margin_problem
 
 from .describe import config_brief, layout_brief, margin_mark, variant_brief
@@ -202,10 +203,13 @@ def _search_table(result: dict, margin_gib: float) -> None:
 @click.option("--memory-margin-gib", "memory_margin_gib", type=float, default=DEFAULT_MEMORY_MARGIN_GIB,
               show_default=True, help="Headroom (GiB) a recommendation keeps for allocator fragmentation and "
                                       "communication buffers; configs short of it rank last (docs/search.md).")
+@click.option("--framework", type=click.Choice(FRAMEWORKS), default=None,
+              help="Training framework planned for: only configs it can express are searched (default: mindspeed "
+                   "for Ascend profiles, megatron otherwise; docs/search.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the contract's JSON result.")
 def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix, precision,
            moe_load_imbalance, seq_length, allow_cross_domain_tp, storage, study_name, timeout_s, memory_margin_gib,
-           as_json) -> None:
+           framework, as_json) -> None:
     """Find the configs with the highest predicted throughput that fit in memory."""
     try:
         for name, value in (("devices", devices), ("global_batch_size", global_batch_size), ("trials", trials),
@@ -225,7 +229,8 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
                             sampler=sampler, n_trials=trials, top_k=top_k, seed=seed, fixed=fixed,
                             precision=precision, moe_load_imbalance=moe_load_imbalance,
                             allow_cross_domain_tp=allow_cross_domain_tp, storage=storage,
-                            study_name=study_name, timeout_s=timeout_s, memory_margin_gib=memory_margin_gib)
+                            study_name=study_name, timeout_s=timeout_s, memory_margin_gib=memory_margin_gib,
+                            framework=framework or default_framework(profile.name))
         result = _run_with_progress(req)
     except SpaceError as exc:
         _fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
@@ -233,7 +238,8 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
         _fail(exc)
     full = {"inputs": {"model": spec.model_dump(mode="json", exclude_none=True), "cluster": profile.name,
                        "devices": devices, "global_batch_size": global_batch_size, "precision": precision,
-                       "moe_load_imbalance": moe_load_imbalance, "memory_margin_gib": memory_margin_gib}, **result}
+                       "moe_load_imbalance": moe_load_imbalance, "memory_margin_gib": memory_margin_gib,
+                       "framework": req.framework}, **result}
     if as_json:
         _print_json(full)
     elif result["top"]:

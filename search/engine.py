@@ -43,6 +43,7 @@ class SearchRequest:
     timeout_s: float | None = None
     worker: str | None = None  # recorded on the trials this process runs (shared studies)
     memory_margin_gib: float = DEFAULT_MEMORY_MARGIN_GIB  # headroom (GiB) a recommendation should keep
+    framework: str | None = None  # search.frameworks: offer only what it can express (None: all the model has)
 
 
 def _evaluations(req: SearchRequest, configs: list[dict]) -> list[dict]:
@@ -70,7 +71,7 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None) -> dict:
     started = time.perf_counter()
     space = build_space(req.spec, req.profile, req.devices, req.global_batch_size, precision=req.precision,
                         moe_load_imbalance=req.moe_load_imbalance, fixed=req.fixed,
-                        allow_cross_domain_tp=req.allow_cross_domain_tp)
+                        allow_cross_domain_tp=req.allow_cross_domain_tp, framework=req.framework)
     size = space.size
     engine = req.sampler
     if engine == "auto":

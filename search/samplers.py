@@ -83,7 +83,7 @@ def nearest_valid(space: SearchSpace, layout: dict) -> dict:
 def expand(space: SearchSpace, layout: dict) -> list[dict]:
     """Every micro-batch size and option (recompute, optimizer, overlaps) of one layout: these are
     scored together in one vectorised batch, the layout's value is its best feasible config."""
-    allowed = np.flatnonzero(space.allowed_options(np.array([layout["tp"]]), np.array([layout["ep"]]))[0])
+    allowed = np.flatnonzero(space.layout_options(layout))
     return [{**layout, "micro_batch_size": mbs, "option": int(i)}
             for mbs in space.values["micro_batch_size"] for i in allowed]
 

@@ -20,6 +20,11 @@ Dimensions and the values offered (``docs/search.md`` is the user-facing copy):
   would only fill the top K with slower copies of the same layouts. Pin any of them with ``fixed``
   (e.g. a framework without mc2: ``tp_comm_overlap=false``).
 
+* with a ``framework`` (``search.frameworks``), only the configs it can express: an overlap's off value
+  is offered where the framework cannot combine the overlap with the rest of the option (an off value
+  is dominated only by an on value the framework can run), and the fields the search does not vary
+  (``CONSTANT_FIELDS``) hold the pinned value or the framework's (flat dispatch on MindSpeed-LLM).
+
 Every offered config passes the cost model's validity rules (the same code checks both), and dp
 follows from the device count. ``fixed`` pins any config field to one value.
 """
@@ -34,10 +39,12 @@ from typing import Iterator
 import numpy as np
 
 from costmodel import ConfigBatch, TrainingConfig, validity
-from costmodel.batch import (DEFAULT_MOE_LOAD_IMBALANCE, NO_VALUE, PRECISION_CODES, RECOMPUTE_CODES,
-                             modules_mask)
+from costmodel.batch import (CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DTYPE_BYTES, NO_VALUE, PRECISION_CODES,
+                             RECOMPUTE_CODES, SHARDING_CODES, modules_mask)
 from costmodel.pipeline import stage_sets
 from costmodel.spec import ClusterProfile, ModelSpec
+
+from . import frameworks
 
 CP_VALUES = (1, 2, 4, 8, 16)
 VPP_MAX = 8
@@ -120,7 +127,11 @@ class SearchSpace:
     parallel: dict[str, np.ndarray]  # valid parallel layouts, one entry per layout
     options: list[tuple[RecomputeOption, bool, bool, bool]]
     layouts: list[str] = field(default_factory=list)
+    framework: str | None = None  # the training framework planned for (None: every option the model has)
+    constants: dict = field(default_factory=dict)  # config fields one value for the whole search
     _layouts_cache: dict | None = field(default=None, repr=False)
+    _expressible_cache: dict = field(default_factory=dict, repr=False)
+    _mask_cache: tuple | None = field(default=None, repr=False)
 
     def layout_table(self) -> dict[str, np.ndarray]:
         """The distinct valid layouts without the micro-batch size (samplers score that inside a
@@ -140,17 +151,110 @@ class SearchSpace:
 
     # ---- size and enumeration ----------------------------------------------------------------
     def _option_mask(self) -> np.ndarray:
-        """(layouts, options) pairs the space offers."""
-        return self.allowed_options(self.parallel["tp"], self.parallel["ep"])
+        """(layouts, options) pairs the space offers (remembered for the current ``parallel``)."""
+        if self._mask_cache is None or self._mask_cache[0] is not self.parallel:
+            self._mask_cache = (self.parallel, self.allowed(self.parallel))
+        return self._mask_cache[1]
 
-    def allowed_options(self, tp: np.ndarray, ep: np.ndarray) -> np.ndarray:
-        """(configs, options) mask: TP overlap on exactly when tp > 1 and all-to-all overlap exactly
-        when ep > 1 (the off values are dominated, see the module docstring), unless pinned."""
+    def layout_options(self, layout: dict) -> np.ndarray:
+        """The options one layout (tp, cp, pp, vpp, ep, etp, split: a sampler's choice) offers, as a mask."""
+        par, _, _ = self.choice_columns([{**layout, "micro_batch_size": 1, "option": 0}])
+        return self.allowed(par)[0]
+
+    def allowed(self, par: dict[str, np.ndarray]) -> np.ndarray:
+        """(configs, options) mask for layout columns ``par``: what the framework can express, with TP
+        overlap on when tp > 1 and all-to-all overlap on when ep > 1 unless the framework cannot combine
+        the overlap with the rest of the option (an off value is dominated only by an expressible on
+        value, see the module docstring); a pinned overlap is taken as pinned."""
+        tp, ep = np.asarray(par["tp"]), np.asarray(par["ep"])
+        expr = self.expressible(par)
         tp_ov = np.array([o[2] for o in self.options])
         a2a = np.array([o[3] for o in self.options])
-        tp_ok = (tp_ov[None, :] == (np.asarray(tp)[:, None] > 1)) | ("tp_comm_overlap" in self.fixed)
-        ep_ok = (a2a[None, :] == (np.asarray(ep)[:, None] > 1)) | ("moe_a2a_overlap" in self.fixed)
-        return tp_ok & ep_ok
+        ok = expr.copy()
+        if "tp_comm_overlap" not in self.fixed:
+            on = self._partner(2)
+            beaten = (on >= 0)[None, :] & expr[:, np.maximum(on, 0)]
+            ok &= np.where(tp_ov[None, :], tp[:, None] > 1, (tp[:, None] == 1) | ~beaten)
+        if "moe_a2a_overlap" not in self.fixed:
+            on = self._partner(3)
+            beaten = (on >= 0)[None, :] & expr[:, np.maximum(on, 0)]
+            ok &= np.where(a2a[None, :], ep[:, None] > 1, (ep[:, None] == 1) | ~beaten)
+        return ok
+
+    def _partner(self, flag: int) -> np.ndarray:
+        """For each option, the index of the same option with overlap ``flag`` (2: TP, 3: all-to-all) on
+        (-1 when the space has no such option, or the option has it on already)."""
+        index = {o: i for i, o in enumerate(self.options)}
+        return np.array([-1 if o[flag] else index.get(o[:flag] + (True,) + o[flag + 1:], -1) for o in self.options])
+
+    def expressible(self, par: dict[str, np.ndarray]) -> np.ndarray:
+        """(configs, options) mask of what ``framework`` can express (all True without one). The rules of
+        ``search.frameworks`` are scored on representative configs at pp = 1: per distinct (tp, ep, etp)
+        and option with cp = 1, per distinct (tp, cp, ep, etp) with no recompute and no overlap; and the
+        split rules per distinct split and option (``split_refusals`` says no other rule reads the split
+        or fires at pp = 1, and no rule reads cp together with an option)."""
+        n = len(par["tp"])
+        if self.framework is None or n == 0:
+            return np.ones((n, len(self.options)), dtype=bool)
+        col = lambda *keys: np.stack([np.asarray(par[k]).astype(np.int64) for k in keys], axis=1)  # noqa: E731
+        out = self._rows(col("tp", "ep", "etp"), "options", self._options_row)
+        out &= self._rows(col("tp", "cp", "ep", "etp"), "layout", self._layout_row)
+        split_keys = ("pp", "vpp", "first_stage_layers", "last_stage_layers", "account_for_embedding",
+                      "account_for_loss", "layout_id")
+        return out & self._rows(col(*split_keys), "split", self._split_row)
+
+    def _rows(self, keys: np.ndarray, kind: str, row_fn) -> np.ndarray:
+        """Rows of ``row_fn`` per distinct key (remembered), spread to every config."""
+        uniq, inv = _unique_rows(keys)
+        cache = self._expressible_cache
+        rows = []
+        for u in uniq:
+            key = (kind, *map(int, u))
+            if key not in cache:
+                cache[key] = np.broadcast_to(row_fn(*map(int, u)), (len(self.options),))
+            rows.append(cache[key])
+        return np.array(rows, dtype=bool)[inv.reshape(-1)]
+
+    def _option_fields(self, opt: int) -> dict:
+        rec, dist, tp_ov, a2a = self.options[opt]
+        return {"recompute_modules": None, "recompute_num_layers": None, **rec.fields(),
+                "distributed_optimizer": bool(dist), "tp_comm_overlap": bool(tp_ov), "moe_a2a_overlap": bool(a2a)}
+
+    def _probe(self, **fields) -> TrainingConfig:
+        """A representative config (no validation: every value comes from the space)."""
+        if "probe" not in self._expressible_cache:
+            base = {"global_batch_size": self.global_batch_size, "precision": self.precision,
+                    "overlap_grad_reduce": self.fixed.get("overlap_grad_reduce", True),
+                    "overlap_param_gather": self.fixed.get("overlap_param_gather", True), **self.constants}
+            if "sequence_parallel" in self.fixed:
+                base["sequence_parallel"] = self.fixed["sequence_parallel"]
+            self._expressible_cache["probe"] = TrainingConfig.model_validate(base)
+        return self._expressible_cache["probe"].model_copy(update=fields)
+
+    def _domain(self) -> int:
+        return int(self.profile.fact("scale_up_domain"))
+
+    def _options_row(self, tp: int, ep: int, etp: int) -> np.ndarray:
+        return np.array([not frameworks.refusals(self._probe(tp=tp, ep=ep, etp=etp, **self._option_fields(o)),
+                                                 self.spec, self.framework, self._domain())
+                         for o in range(len(self.options))])
+
+    def _layout_row(self, tp: int, cp: int, ep: int, etp: int) -> bool:
+        return not frameworks.refusals(self._probe(tp=tp, cp=cp, ep=ep, etp=etp), self.spec, self.framework,
+                                       self._domain())
+
+    def _split_row(self, pp, vpp, first, last, acc_emb, acc_loss, layout_id) -> np.ndarray:
+        split = {"pp": pp, "vpp": vpp, "account_for_embedding_in_pipeline_split": bool(acc_emb),
+                 "account_for_loss_in_pipeline_split": bool(acc_loss)}
+        if first != NO_VALUE:
+            split["first_stage_layers"] = first
+        if last != NO_VALUE:
+            split["last_stage_layers"] = last
+        if layout_id != NO_VALUE:
+            split["pipeline_layout"] = self.layouts[layout_id]
+        return np.array([not frameworks.split_refusals(self._probe(**split, **self._option_fields(o)), self.spec,
+                                                       self.framework)
+                         for o in range(len(self.options))])
 
     @property
     def size(self) -> int:
@@ -188,7 +292,22 @@ class SearchSpace:
             account_for_embedding=par["account_for_embedding"], account_for_loss=par["account_for_loss"],
             layout_id=par["layout_id"], precision=const(PRECISION_CODES[self.precision]),
             moe_a2a_overlap=o["moe_a2a_overlap"],
-            moe_load_imbalance=const(self.moe_load_imbalance, np.float64), layouts=self.layouts)
+            moe_load_imbalance=const(self.moe_load_imbalance, np.float64), layouts=self.layouts,
+            **self._constant_columns(n))
+
+    def _constant_columns(self, n: int) -> dict[str, np.ndarray]:
+        """The batch columns of the per-search constants (``constants``; each column's default otherwise)."""
+        c, out = self.constants, {}
+        if "moe_a2a_algorithm" in c:
+            out["moe_a2a_hierarchical"] = np.full(n, c["moe_a2a_algorithm"] == "hierarchical")
+        if "cp_comm_type" in c:
+            out["cp_comm"] = np.full(n, CP_COMM_CODES[c["cp_comm_type"]], dtype=np.int64)
+        for key in ("main_grads", "main_params", "exp_avg", "exp_avg_sq"):
+            if f"{key}_dtype" in c:
+                out[f"{key}_bytes"] = np.full(n, DTYPE_BYTES[c[f"{key}_dtype"]], dtype=np.float64)
+        if "data_parallel_sharding_strategy" in c:
+            out["sharding"] = np.full(n, SHARDING_CODES[c["data_parallel_sharding_strategy"]], dtype=np.int64)
+        return out
 
     def _option_columns(self) -> dict[str, np.ndarray]:
         rec = [o[0] for o in self.options]
@@ -216,7 +335,7 @@ class SearchSpace:
                "overlap_grad_reduce": self.fixed.get("overlap_grad_reduce", True),
                "overlap_param_gather": self.fixed.get("overlap_param_gather", True),
                "precision": self.precision, "moe_a2a_overlap": bool(a2a),
-               "moe_load_imbalance": self.moe_load_imbalance}
+               "moe_load_imbalance": self.moe_load_imbalance, **self.constants}
         if p["layout_id"] != NO_VALUE:
             cfg["pipeline_layout"] = self.layouts[p["layout_id"]]
         if p["first_stage_layers"] != NO_VALUE:
@@ -258,6 +377,17 @@ class SearchSpace:
     def choice_config(self, choice: dict) -> dict:
         par, opts, _ = self.choice_columns([choice])
         return self._row_config({k: v[0].item() for k, v in par.items()}, int(opts[0]))
+
+
+def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, axis=0, return_inverse=True)`` through one integer code per row (much faster
+    on millions of rows of a few small columns)."""
+    code = np.zeros(len(keys), dtype=np.int64)
+    for j in range(keys.shape[1]):
+        values, inv = np.unique(keys[:, j], return_inverse=True)
+        code = code * len(values) + inv.reshape(-1)
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    return keys[first], inv.reshape(-1)
 
 
 def _split_fields(spec: ModelSpec, pp: int, vpp: int, mode: str) -> dict | None:
@@ -323,9 +453,14 @@ def _apply_fixed(values: dict[str, list], fixed: dict) -> dict[str, list]:
 
 def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_batch_size: int, *,
                 precision: str = "bf16", moe_load_imbalance: float | None = None,
-                fixed: dict | None = None, allow_cross_domain_tp: bool = False) -> SearchSpace:
-    """All valid configs of one search. ``fixed`` pins config fields (validated by the caller)."""
+                fixed: dict | None = None, allow_cross_domain_tp: bool = False,
+                framework: str | None = None) -> SearchSpace:
+    """All valid configs of one search. ``fixed`` pins config fields (validated by the caller).
+
+    ``framework`` (``search.frameworks.FRAMEWORKS``) keeps only the configs that framework can express;
+    None offers every option the cost model has (the CLI and the service always name one)."""
     fixed = dict(fixed or {})
+    constants = _constants(spec, fixed, framework)
     imbalance = DEFAULT_MOE_LOAD_IMBALANCE if moe_load_imbalance is None else moe_load_imbalance
     values = _apply_fixed(_values(spec, profile, devices, allow_cross_domain_tp), fixed)
     for key, vals in values.items():
@@ -370,7 +505,8 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
                                                          values["tp_comm_overlap"], values["moe_a2a_overlap"])]
     space = SearchSpace(spec=spec, profile=profile, devices=devices, global_batch_size=global_batch_size,
                         precision=precision, moe_load_imbalance=imbalance, values=values, fixed=fixed,
-                        parallel=parallel, options=options, layouts=layouts)
+                        parallel=parallel, options=options, layouts=layouts, framework=framework,
+                        constants=constants)
     # Keep the layouts every validity rule accepts, checked by the cost model's own code.
     probe = space.make_batch(np.arange(len(g)), np.zeros(len(g), dtype=np.int64))
     broken = np.logical_or.reduce([r.broken for r in validity.check(spec, probe, devices, profile.has_fp8)])
@@ -378,6 +514,8 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
     if not allow_cross_domain_tp and "tp" not in fixed:
         ok &= probe.tp <= int(profile.fact("scale_up_domain"))
     space.parallel = {k: v[ok] for k, v in parallel.items()}
+    if framework is not None and ok.any():
+        _keep_expressible(space)
     if space.size == 0:
         if fixed:
             raise SpaceError("fix", f"the pinned values ({', '.join(f'{k}={v}' for k, v in fixed.items())}) "
@@ -385,6 +523,39 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
         raise SpaceError("global_batch_size", f"no structurally valid config for {devices} devices and "
                                               f"global batch {global_batch_size} (check divisibility)")
     return space
+
+
+# Config fields the search does not vary: one value for the whole search (pinned, or the framework's).
+CONSTANT_FIELDS = ("moe_a2a_algorithm", "cp_comm_type", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
+                   "exp_avg_sq_dtype", "data_parallel_sharding_strategy")
+
+
+def _constants(spec: ModelSpec, fixed: dict, framework: str | None) -> dict:
+    """The pinned constants, and flat dispatch for MoE models on MindSpeed-LLM, which has no hierarchical
+    all-to-all (``search.frameworks``): there the plan is priced as the run will dispatch."""
+    out = {k: fixed[k] for k in CONSTANT_FIELDS if k in fixed}
+    if framework == "mindspeed" and spec.is_moe:
+        if out.get("moe_a2a_algorithm") == "hierarchical":
+            raise SpaceError("fix.moe_a2a_algorithm", "MindSpeed-LLM has no hierarchical all-to-all (inside one "
+                                                      "scale-up domain flat dispatch is the same)")
+        out["moe_a2a_algorithm"] = "flat"
+    return out
+
+
+def _keep_expressible(space: SearchSpace) -> None:
+    """Drop the layouts the framework can run with no option; none left is an input error naming why."""
+    mask = space._option_mask()
+    keep = mask.any(axis=1)
+    if not keep.any():
+        row = {k: v[0].item() for k, v in space.parallel.items()}
+        cfg = TrainingConfig.model_validate(space._row_config(row, 0))
+        reasons = frameworks.refusals(cfg, space.spec, space.framework, int(space.profile.fact("scale_up_domain")))
+        first = reasons[0] if reasons else None
+        field = f"fix.{first.field}" if first is not None and first.field in space.fixed else "framework"
+        raise SpaceError(field, f"{frameworks.LABELS[space.framework]} cannot express any config of this search"
+                                + (f" ({first})" if first is not None else ""))
+    space.parallel = {k: v[keep] for k, v in space.parallel.items()}
+    space._mask_cache = (space.parallel, mask[keep])
 
 
 def validate_fixed(fixed: dict, global_batch_size: int) -> dict:
