@@ -326,7 +326,7 @@ class Worker:
             n_trials=s["n_trials"], top_k=s["top_k"], seed=seed, fixed=s.get("fixed") or None,
             precision=job.precision, moe_load_imbalance=job.moe_load_imbalance,
             allow_cross_domain_tp=s.get("allow_cross_domain_tp", False), storage=storage, study_name=name,
-            timeout_s=s.get("timeout_s"), worker=self.owner, **_margin_option(s))
+            timeout_s=s.get("timeout_s"), worker=self.owner, framework=s.get("framework"), **_margin_option(s))
 
     def _drop_lease(self, job_id: str) -> None:
         with contextlib.suppress(SQLAlchemyError), self._sessions() as db:

@@ -172,6 +172,9 @@ def _follow(client, job: dict, timeout_s: float | None, poll_s: float, err) -> d
 @click.option("--search-timeout", type=float, default=None, help="Stop the job's sampling after this many seconds.")
 @click.option("--memory-margin-gib", "memory_margin_gib", type=float, default=None,
               help="Memory headroom (GiB) the ranking asks of a config (server default 4; docs/search.md).")
+@click.option("--framework", type=click.Choice(["megatron", "mindspeed"]), default=None,
+              help="Training framework planned for (server default: mindspeed for Ascend profiles, megatron "
+                   "otherwise; docs/search.md).")
 @click.option("--wait", is_flag=True, help="Follow the job to its end and print the ranked configs.")
 @click.option("--min-mfu", type=float, default=None, help="Exit 5 unless the best config reaches this MFU "
                                                           "(implies --wait).")
@@ -183,8 +186,8 @@ def _follow(client, job: dict, timeout_s: float | None, poll_s: float, err) -> d
                                                       "reused for retries).")
 @click.option("--json", "as_json", is_flag=True, help="Print the job (with its ranked configs as `top`) as JSON.")
 def submit(server, model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix, precision,
-           moe_load_imbalance, seq_length, allow_cross_domain_tp, search_timeout, memory_margin_gib, wait, min_mfu,
-           timeout_s, poll_s, api_key, idempotency_key, as_json) -> None:
+           moe_load_imbalance, seq_length, allow_cross_domain_tp, search_timeout, memory_margin_gib, framework, wait,
+           min_mfu, timeout_s, poll_s, api_key, idempotency_key, as_json) -> None:
     """Submit a search job to a ParaPlan server (the CI client); exit 0 only for a usable plan."""
     from rich.console import Console
 
@@ -193,7 +196,7 @@ def submit(server, model, cluster, devices, global_batch_size, trials, sampler, 
         code = _submit(err, server, model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix,
                        precision, moe_load_imbalance, seq_length, allow_cross_domain_tp, search_timeout,
                        wait or min_mfu is not None, min_mfu, timeout_s, poll_s, api_key, idempotency_key, as_json,
-                       memory_margin_gib)
+                       memory_margin_gib, framework)
     except ClientError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         sys.exit(exc.code)
@@ -205,11 +208,12 @@ def submit(server, model, cluster, devices, global_batch_size, trials, sampler, 
 
 def _submit(err, server, model, cluster, devices, gbs, trials, sampler, top_k, seed, fix, precision, imbalance,
             seq_length, cross_tp, search_timeout, wait, min_mfu, timeout_s, poll_s, api_key, idem, as_json,
-            memory_margin_gib=None) -> int:
+            memory_margin_gib=None, framework=None) -> int:
     import httpx
 
     search = {k: v for k, v in (("sampler", sampler), ("n_trials", trials), ("top_k", top_k), ("seed", seed),
-                                ("timeout_s", search_timeout), ("memory_margin_gib", memory_margin_gib))
+                                ("timeout_s", search_timeout), ("memory_margin_gib", memory_margin_gib),
+                                ("framework", framework))
               if v is not None}
     if fix:
         search["fixed"] = _fixed(fix)

@@ -66,6 +66,11 @@ class SearchOptions(BaseModel):
                     "(allocator fragmentation, communication buffers); configs short of it are still ranked, after "
                     "every config that keeps it, and flagged. Must be below the device memory. Default 4 GiB "
                     "(docs/search.md: why).")
+    framework: Literal["megatron", "mindspeed"] | None = Field(
+        None, description="The training framework planned for: the search offers only configs it can express, so "
+                          "the launch arguments of the same format (`.../launch?format=`) carry every choice out. "
+                          "Default: `mindspeed` (MindSpeed-LLM) for Ascend profiles, `megatron` (Megatron-LM) "
+                          "otherwise (docs/search.md, \"Frameworks\").")
 
 
 class JobCreate(BaseModel):
@@ -100,6 +105,9 @@ class ResolvedSearch(SearchOptions):
     space_size: int = Field(description="Configs in the search space.", examples=[11894960])
     memory_margin_gib: float | None = Field(None, description="The memory margin the job ranks with (GiB); null "
                                                               "for jobs submitted before margins existed.")
+    framework: Literal["megatron", "mindspeed"] | None = Field(
+        None, description="The framework planned for (the default resolved at submission); null for jobs submitted "
+                          "before frameworks existed, which searched every option.", examples=["mindspeed"])
 
 
 class JobInputs(BaseModel):

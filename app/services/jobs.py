@@ -18,6 +18,7 @@ from app.db.models import FINISHED, Job, JobConfig, JobLease, utcnow
 from app.schemas.jobs import JobCreate
 from costmodel.result import PARAPLAN_VERSION
 from search import AUTO_EXHAUSTIVE_MAX, SpaceError, build_space, validate_fixed
+from search.frameworks import default_framework
 from search.margin import margin_fields, margin_problem
 
 from .errors import field_loc, http_error, invalid, not_found
@@ -42,6 +43,8 @@ def _space_error(exc: SpaceError):
         return invalid(["body", "search", "fixed", *field_loc(field[4:], "")[1:]], reason)
     if field in REQUEST_FIELDS:
         return invalid(["body", field], reason)
+    if field == "framework":
+        return invalid(["body", "search", "framework"], reason)
     return invalid(["body", "devices"], f"{field}: {reason}")
 
 
@@ -83,10 +86,11 @@ def prepare(body: JobCreate, settings: Settings) -> dict:
     if grid_estimate(spec, profile, body.devices, fixed, s.allow_cross_domain_tp) > GRID_CAP:
         raise invalid(["body", "devices"], "the search space of this model on this many devices is too large for "
                                            "the service; pin some dimensions with search.fixed")
+    framework = s.framework or default_framework(profile.name)
     try:
         space = build_space(spec, profile, body.devices, body.global_batch_size, precision=body.precision,
                             moe_load_imbalance=body.moe_load_imbalance, fixed=fixed,
-                            allow_cross_domain_tp=s.allow_cross_domain_tp)
+                            allow_cross_domain_tp=s.allow_cross_domain_tp, framework=framework)
     except SpaceError as exc:
         raise _space_error(exc) from None
     engine = s.sampler
@@ -98,7 +102,7 @@ def prepare(body: JobCreate, settings: Settings) -> dict:
                                                              "samplers tpe, nsga2 and random")
     seed = s.seed if s.seed is not None else secrets.randbelow(2**31)
     search = {**s.model_dump(mode="json"), "fixed": json.loads(json.dumps(fixed, default=str)), "seed": seed,
-              "engine": engine, "space_size": int(space.size),
+              "engine": engine, "space_size": int(space.size), "framework": framework,
               "parallel_workers": s.parallel_workers if engine != "exhaustive" else 1}
     return {
         "model_spec": spec.model_dump(mode="json"),
