@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from app.cli import main
 from app.inputs import load_cluster, load_model
-from app.launch import flags, format_args, launch_args, layout_string, stage_tokens
+from app.launch import InexpressibleError, flags, format_args, launch_args, layout_string, stage_tokens
 from costmodel import TrainingConfig, evaluate
 from costmodel.pipeline import parse_layout
 from search import SearchRequest, run_search
@@ -44,6 +44,13 @@ MEGATRON_ARGS = [
     "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--num-experts",
     "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq",
     "--mtp-num-layers", "--vocab-size", "--padded-vocab-size",
+    # the same commit: the flex dispatcher's backend, the CP algorithm, the precision-aware optimizer, Megatron-FSDP
+    "--moe-flex-dispatcher-backend", "--cp-comm-type", "--hierarchical-context-parallel-sizes",
+    "--use-precision-aware-optimizer", "--main-grads-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype",
+    "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+    # NVIDIA/Megatron-LM megatron/training/arguments.py at d98e8a64ddf34856e74b24714e3bedb2f5a39553 (its default
+    # "auto" is the bf16 model dtype, so the export states the planned gradient dtype)
+    "--megatron-fsdp-main-grads-dtype",
 ]
 
 # MindSpeed-LLM argument names. Megatron (core 0.12.1, which MindSpeed-LLM runs on) names as MindSpeed-LLM's
@@ -63,6 +70,8 @@ MINDSPEED_MEGATRON_ARGS = [
     "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim", "--num-experts", "--moe-router-topk",
     "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--mtp-num-layers",
     "--vocab-size", "--padded-vocab-size",
+    # core_v0.12.1 (a845aa7e12b3a117e24c2352b9e3e60bad2e3a17) megatron/training/arguments.py:1568
+    "--recompute-modules",
 ]
 # ... and MindSpeed's own, from Ascend/MindSpeed at commit 028de58ca629d035185b00ff7d1eb7eff4f7fd48:
 MINDSPEED_OWN_ARGS = [
@@ -74,7 +83,18 @@ MINDSPEED_OWN_ARGS = [
     "--recompute-norm",                    # features_manager/recompute/norm_function.py
     "--recompute-activation-function",     # features_manager/recompute/activation_function.py
     "--fp8-format",                        # Megatron's, documented for MindSpeed in docs/zh/features/transformer_engine.md
+    "--enable-recompute-layers-per-pp-rank",  # features_manager/recompute/enable_recompute_layers_per_pp_rank.py
+    "--pipeline-model-parallel-layout",    # features_manager/pipeline_parallel/pipeline_model_parallel_layout_feature.py
+    "--ulysses-degree-in-cp",              # features_manager/context_parallel/ulysses_context_parallel.py
+    "--reuse-fp32-param",                  # features_manager/memory/reuse_fp32_param.py
+    # ... and MindSpeed-LLM's own, at c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91:
+    "--recompute-mla-up-proj", "--mla-up-proj-tp-overlap", "--mla-mm-split",  # .../multi_latent_attention/mla_feature.py
+    "--context-parallel-algo",             # features_manager/context_parallel/context_parallel_feature.py
+    "--quant-states",                      # features_manager/low_precision/low_precision_optimizer_feature.py
 ]
+# How MindSpeed-LLM recomputes each selective module (search/frameworks.py says why): through Megatron's
+# --recompute-modules, or a flag of its own.
+MINDSPEED_MODULE_FLAG = {"moe_act": "--recompute-activation-function", "mla_up_proj": "--recompute-mla-up-proj"}
 MINDSPEED_ARGS = MINDSPEED_MEGATRON_ARGS + MINDSPEED_OWN_ARGS
 
 
@@ -83,11 +103,23 @@ def pangu():
     return load_model("pangu-ultra-moe-718b")
 
 
+def _pangu_search(pangu, framework):
+    return run_search(SearchRequest(spec=pangu, profile=load_cluster("ascend-910b"), devices=6144,
+                                    global_batch_size=7680, sampler="tpe", n_trials=100, seed=1, framework=framework))
+
+
 @pytest.fixture(scope="module")
 def pangu_best(pangu):
-    res = run_search(SearchRequest(spec=pangu, profile=load_cluster("ascend-910b"), devices=6144,
-                                   global_batch_size=7680, sampler="tpe", n_trials=100, seed=1))
-    return res["best"]["config"]
+    """The best Pangu config planned for MindSpeed-LLM (the Ascend default)."""
+    return _pangu_search(pangu, "mindspeed")["best"]["config"]
+
+
+@pytest.fixture(scope="module")
+def pangu_best_megatron(pangu):
+    return _pangu_search(pangu, "megatron")["best"]["config"]
+
+
+ASCEND_DOMAIN = 8  # devices per HCCS domain of ascend-910b (the profile's scale_up_domain)
 
 
 def _one(f: dict, key: str) -> str:
@@ -109,7 +141,7 @@ def check_common(tokens: list[str], cfg: dict, known: list[str]) -> dict:
     assert _one(f, "--micro-batch-size") == str(c.micro_batch_size)
     assert _one(f, "--global-batch-size") == str(c.global_batch_size)
     assert ("--sequence-parallel" in f) == c.sp
-    assert ("--use-distributed-optimizer" in f) == c.distributed_optimizer
+    assert ("--use-distributed-optimizer" in f) == (c.sharding != "no_shard")
     assert "--bf16" in f
     assert ("--fp8-format" in f) == (c.precision == "fp8")
     if c.recompute == "none":
@@ -131,8 +163,8 @@ def megatron_vpp(f: dict, spec, cfg: TrainingConfig) -> int:
     return slots // cfg.pp // int(_one(f, "--num-layers-per-virtual-pipeline-stage"))
 
 
-def check_megatron(spec, cfg: dict) -> dict:
-    tokens = launch_args(cfg, spec, "megatron")
+def check_megatron(spec, cfg: dict, domain: int | None = None) -> dict:
+    tokens = launch_args(cfg, spec, "megatron", domain)
     f = check_common(tokens, cfg, MEGATRON_ARGS)
     c = TrainingConfig.model_validate(cfg)
     assert megatron_vpp(f, spec, c) == c.vpp
@@ -148,10 +180,17 @@ def check_megatron(spec, cfg: dict) -> dict:
     return f
 
 
-def check_mindspeed(spec, cfg: dict) -> dict:
-    tokens = launch_args(cfg, spec, "mindspeed")
+def check_mindspeed(spec, cfg: dict, domain: int | None = None) -> dict:
+    tokens = launch_args(cfg, spec, "mindspeed", domain)
     f = check_common(tokens, cfg, MINDSPEED_ARGS)
     c = TrainingConfig.model_validate(cfg)
+    if c.recompute == "selective":  # every planned module is recomputed, by one flag or the other
+        for m in c.recompute_modules or ["core_attn"]:
+            assert MINDSPEED_MODULE_FLAG[m] in f if m in MINDSPEED_MODULE_FLAG else m in f["--recompute-modules"], m
+    if "--pipeline-model-parallel-layout" in f:  # splits no-op padding cannot place
+        assert parse_layout(_one(f, "--pipeline-model-parallel-layout")) == stage_tokens(c, spec)
+        assert "--noop-layers" not in f and "--num-layers-per-virtual-pipeline-stage" not in f
+        return f
     layers = int(_one(f, "--num-layers"))
     stages = c.pp * c.vpp
     assert layers % stages == 0 and layers >= spec.num_layers
@@ -171,22 +210,50 @@ def check_mindspeed(spec, cfg: dict) -> dict:
     return f
 
 
-def test_pangu_best_config(pangu, pangu_best):
-    f = check_megatron(pangu, pangu_best)
+def test_pangu_best_config(pangu, pangu_best, pangu_best_megatron):
+    f = check_megatron(pangu, pangu_best_megatron, ASCEND_DOMAIN)
     assert "--multi-latent-attention" in f and _one(f, "--num-experts") == "256"
     assert _one(f, "--moe-layer-freq") == "([0]*3+[1]*58)"
     assert _one(f, "--mtp-num-layers") == "1" and _one(f, "--q-lora-rank") == "1536"
-    check_mindspeed(pangu, pangu_best)
+    m = check_mindspeed(pangu, pangu_best, ASCEND_DOMAIN)
+    if "mla_up_proj" in (pangu_best.get("recompute_modules") or []):  # the option the old export dropped
+        assert "--recompute-mla-up-proj" in m
+        assert ("--mla-up-proj-tp-overlap" in m) == (pangu_best["tp"] > 1)
+
+
+def test_unrestricted_pangu_configs_export_or_refuse(pangu):
+    """Configs planned without a framework: each export states every planned choice or refuses naming one."""
+    top = _pangu_search(pangu, None)["top"]
+    for entry in top:
+        for fmt, check in (("megatron", check_megatron), ("mindspeed", check_mindspeed)):
+            try:
+                check(pangu, entry["config"], ASCEND_DOMAIN)
+            except InexpressibleError as exc:
+                assert exc.refusals and all(r.field in TrainingConfig.model_fields for r in exc.refusals)
+                assert exc.field in str(exc)
 
 
 def test_pangu_example_config(pangu):
+    """Huawei's plan (README): both overlaps with the moe recompute module, hierarchical dispatch across
+    nodes. Neither framework runs that combination; each refusal names the options."""
     cfg = json.loads((ROOT / "examples" / "pangu-ultra-moe-6144.json").read_text())
-    f = check_megatron(pangu, cfg)
+    with pytest.raises(InexpressibleError, match="moe_a2a_overlap") as exc:
+        launch_args(cfg, pangu, "megatron", ASCEND_DOMAIN)
+    assert {r.field for r in exc.value.refusals} == {"moe_a2a_overlap"}
+    with pytest.raises(InexpressibleError) as exc:
+        launch_args(cfg, pangu, "mindspeed", ASCEND_DOMAIN)
+    assert {r.field for r in exc.value.refusals} == {"recompute_modules", "moe_a2a_algorithm", "moe_a2a_overlap"}
+    # without the all-to-all overlap Megatron-LM runs it (DeepEP for the hierarchical dispatch) ...
+    no_a2a = {**cfg, "moe_a2a_overlap": False}
+    f = check_megatron(pangu, no_a2a, ASCEND_DOMAIN)
     # 61 layers + embedding + loss over pp·vpp = 32 virtual stages does not divide: a layout states it
     assert "--pipeline-model-parallel-layout" in f
-    m = check_mindspeed(pangu, cfg)
-    assert "--use-ascend-mc2" in m and "--moe-alltoall-overlap-comm" in m
-    assert "--recompute-norm" in m  # layernorm; mla_up_proj and moe have no MindSpeed-LLM flag
+    assert f["--moe-token-dispatcher-type"] == ["flex"] and f["--moe-flex-dispatcher-backend"] == ["deepep"]
+    # ... and MindSpeed-LLM too with flat dispatch: mla_up_proj and moe are recomputed, as planned
+    m = check_mindspeed(pangu, {**no_a2a, "moe_a2a_algorithm": "flat"}, ASCEND_DOMAIN)
+    assert "--use-ascend-mc2" in m and "--moe-alltoall-overlap-comm" not in m
+    assert m["--recompute-modules"] == ["layernorm", "moe"] and "--recompute-mla-up-proj" in m
+    assert "--mla-up-proj-tp-overlap" in m and "--mla-mm-split" in m  # tp 8 (mla_feature.py)
 
 
 def test_dense_llama_with_vpp():
@@ -206,27 +273,31 @@ def test_deepseek_layout_config():
            "pipeline_layout": "Et|(tt|)*30mL", "recompute": "full", "moe_a2a_overlap": True}
     res = evaluate(spec, load_cluster("nvidia-h100-80gb"), 2048, TrainingConfig(**cfg))
     assert res["step_time_s"] is not None, res["infeasible_reasons"]  # a structurally valid split
-    f = check_megatron(spec, cfg)
+    # Megatron-LM disables full recompute with the EP all-to-all overlap (transformer_config.py)
+    with pytest.raises(InexpressibleError, match="moe_a2a_overlap=true: Megatron-LM disables full recompute"):
+        launch_args(cfg, spec, "megatron", 8)
+    cfg["moe_a2a_overlap"] = False
+    f = check_megatron(spec, cfg, 8)
     assert _one(f, "--pipeline-model-parallel-layout") == "Et|(tt|)*30mL"
     assert "--num-virtual-stages-per-pipeline-rank" not in f  # Megatron forbids it with a layout
     assert f["--recompute-method"] == ["uniform"] and f["--recompute-num-layers"] == ["1"]
-    m = check_mindspeed(spec, cfg)
+    m = check_mindspeed(spec, {**cfg, "moe_a2a_algorithm": "flat"}, 8)
     assert _one(m, "--num-layers") == "64"  # 32 virtual stages of 2, three of them padded
 
 
 def test_uneven_spread_and_first_last():
     spec = load_model("deepseek-v3-671b")
     even = {"tp": 2, "pp": 16, "ep": 64, "global_batch_size": 4096, "recompute": "full", "recompute_num_layers": 2}
-    f = check_megatron(spec, even)
+    f = check_megatron(spec, even, 8)
     assert parse_layout(_one(f, "--pipeline-model-parallel-layout")) == stage_tokens(TrainingConfig(**even), spec)
     assert f["--recompute-method"] == ["block"] and f["--recompute-num-layers"] == ["2"]
-    check_mindspeed(spec, even)
+    check_mindspeed(spec, {**even, "moe_a2a_algorithm": "flat"}, 8)
     fl = {"tp": 2, "pp": 8, "vpp": 2, "ep": 64, "global_batch_size": 4096, "first_stage_layers": 7,
           "last_stage_layers": 6}
-    f = check_megatron(spec, fl)
+    f = check_megatron(spec, fl, 8)
     assert _one(f, "--decoder-first-pipeline-num-layers") == "7"
     assert _one(f, "--decoder-last-pipeline-num-layers") == "6"
-    check_mindspeed(spec, fl)
+    check_mindspeed(spec, {**fl, "moe_a2a_algorithm": "flat"}, 8)
 
 
 def test_fp8_and_defaults():
@@ -238,7 +309,10 @@ def test_fp8_and_defaults():
     assert "--overlap-param-gather" not in f  # Megatron asserts it needs the distributed optimizer
     assert _one(f, "--num-virtual-stages-per-pipeline-rank") == "1"
     assert f["--expert-tensor-parallel-size"] == ["1"]  # always: Megatron's default would be tp
-    check_mindspeed(spec, cfg)
+    # MindSpeed's MC2 runs fp8 only with the mxfp8 recipe (transformer_engine_basic.py)
+    with pytest.raises(InexpressibleError, match="tp_comm_overlap"):
+        launch_args(cfg, spec, "mindspeed")
+    check_mindspeed(spec, {**cfg, "tp_comm_overlap": False})
 
 
 def test_layout_string_round_trip(pangu):
@@ -249,8 +323,8 @@ def test_layout_string_round_trip(pangu):
     assert math.fsum(t.count("t") for t in tokens) == 61
 
 
-def test_format_args_one_flag_per_line(pangu, pangu_best):
-    text = format_args(launch_args(pangu_best, pangu, "megatron"))
+def test_format_args_one_flag_per_line(pangu, pangu_best_megatron):
+    text = format_args(launch_args(pangu_best_megatron, pangu, "megatron", ASCEND_DOMAIN))
     lines = text.rstrip("\n").split(" \\\n")
     assert all(line.startswith("--") for line in lines)
     assert '--moe-layer-freq "([0]*3+[1]*58)"' in lines
@@ -258,26 +332,55 @@ def test_format_args_one_flag_per_line(pangu, pangu_best):
 
 # ---- CLI -----------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def result_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("export") / "result.json"
+def _search_file(path, *extra: str):
     res = CliRunner().invoke(main, ["search", "--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices",
                                     "8", "--global-batch-size", "64", "--sampler", "exhaustive", "--top", "3",
-                                    "--json"])
+                                    *extra, "--json"])
     assert res.exit_code == 0, res.output
     path.write_text(res.stdout)
     return path
 
 
-def test_export_cli(result_file):
-    result = json.loads(result_file.read_text())
-    spec = load_model(result["inputs"]["model"])
-    for fmt in ("megatron", "mindspeed"):
-        res = CliRunner().invoke(main, ["export", "--format", fmt, "--rank", "2", str(result_file)])
+@pytest.fixture(scope="module")
+def result_file(tmp_path_factory):
+    """Planned for Megatron-LM (the GPU default)."""
+    return _search_file(tmp_path_factory.mktemp("export") / "result.json")
+
+
+@pytest.fixture(scope="module")
+def result_file_mindspeed(tmp_path_factory):
+    return _search_file(tmp_path_factory.mktemp("export") / "result-ms.json", "--framework", "mindspeed")
+
+
+H100_DOMAIN = 8  # nvidia-h100-80gb's scale_up_domain (NVLink)
+
+
+def test_export_cli(result_file, result_file_mindspeed):
+    for fmt, path in (("megatron", result_file), ("mindspeed", result_file_mindspeed)):
+        result = json.loads(path.read_text())
+        assert result["inputs"]["framework"] == fmt
+        spec = load_model(result["inputs"]["model"])
+        res = CliRunner().invoke(main, ["export", "--format", fmt, "--rank", "2", str(path)])
         assert res.exit_code == 0, res.output
-        assert res.stdout == format_args(launch_args(result["top"][1]["config"], spec, fmt))
+        assert res.stdout == format_args(launch_args(result["top"][1]["config"], spec, fmt, H100_DOMAIN))
+    result = json.loads(result_file.read_text())
     res = CliRunner().invoke(main, ["export", "--format", "megatron", str(result_file)])
-    assert res.stdout == format_args(launch_args(result["best"]["config"], spec, "megatron"))
+    assert res.stdout == format_args(launch_args(result["best"]["config"], spec, "megatron", H100_DOMAIN))
+
+
+@pytest.fixture(scope="module")
+def shared_experts_file(tmp_path_factory):
+    """Planned for Megatron-LM with the shared experts recomputed, which MindSpeed-LLM cannot do."""
+    return _search_file(tmp_path_factory.mktemp("export") / "result-se.json",
+                        "--fix", 'recompute_modules=["layernorm","shared_experts"]')
+
+
+def test_export_cli_refuses_an_option_the_format_cannot_express(shared_experts_file):
+    res = CliRunner().invoke(main, ["export", "--format", "mindspeed", str(shared_experts_file)])
+    assert res.exit_code == 2, res.output
+    assert res.stdout == ""  # nothing a script could run by mistake
+    assert "top.1.config.recompute_modules" in res.stderr and "shared-expert recompute" in res.stderr
+    assert CliRunner().invoke(main, ["export", "--format", "megatron", str(shared_experts_file)]).exit_code == 0
 
 
 @pytest.mark.parametrize("args, field", [
@@ -306,13 +409,21 @@ def test_launch_route(tmp_path):
     try:
         with srv.client() as c:
             job = c.post("/v1/jobs", json=TINY_JOB).raise_for_status().json()
+            assert job["inputs"]["search"]["framework"] == "megatron"  # the GPU default, resolved and kept
             assert wait_for(c, job["id"])["status"] == "succeeded"
             spec = load_model(c.get(f"/v1/jobs/{job['id']}").json()["inputs"]["model"])
             configs = c.get(f"/v1/jobs/{job['id']}/configs").json()["items"]
-            for fmt in ("megatron", "mindspeed"):
-                r = c.get(f"/v1/jobs/{job['id']}/configs/2/launch", params={"format": fmt})
-                assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-                assert r.text == format_args(launch_args(configs[1]["config"], spec, fmt))
+            r = c.get(f"/v1/jobs/{job['id']}/configs/2/launch", params={"format": "megatron"})
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+            assert r.text == format_args(launch_args(configs[1]["config"], spec, "megatron", H100_DOMAIN))
+            # another framework's export: the arguments, or a 422 naming each option it cannot express
+            r = c.get(f"/v1/jobs/{job['id']}/configs/2/launch", params={"format": "mindspeed"})
+            try:
+                expected = format_args(launch_args(configs[1]["config"], spec, "mindspeed", H100_DOMAIN))
+                assert r.status_code == 200 and r.text == expected
+            except InexpressibleError as exc:
+                assert r.status_code == 422
+                assert [d["option"] for d in r.json()["detail"]] == [x.field for x in exc.refusals]
             assert c.get(f"/v1/jobs/{job['id']}/configs/99/launch").status_code == 404
             assert c.get("/v1/jobs/00000000-0000-4000-8000-000000000000/configs/1/launch").status_code == 404
             assert c.get(f"/v1/jobs/{job['id']}/configs/1/launch", params={"format": "x"}).status_code == 422
@@ -323,10 +434,40 @@ def test_launch_route(tmp_path):
         res = CliRunner().invoke(main, ["export", "--format", "megatron", "--rank", "2", "--server", srv.url,
                                         "--job", job["id"]])
         assert res.exit_code == 0, res.output
-        assert res.stdout == format_args(launch_args(configs[1]["config"], spec, "megatron"))
+        assert res.stdout == format_args(launch_args(configs[1]["config"], spec, "megatron", H100_DOMAIN))
         res = CliRunner().invoke(main, ["export", "--format", "megatron", "--rank", "99", "--server", srv.url,
                                         "--job", job["id"]])
         assert res.exit_code == 2 and "rank" in res.output
     finally:
         srv.stop()
 
+
+def test_launch_route_refuses_an_option_the_format_cannot_express(tmp_path):
+    srv = Server(tmp_path / "p.db", tmp_path / "serve.log").start()
+    try:
+        with srv.client() as c:
+            body = {**TINY_JOB, "search": {**TINY_JOB["search"], "framework": "megatron",
+                                           "fixed": {"recompute_modules": ["layernorm", "shared_experts"]}}}
+            job = c.post("/v1/jobs", json=body).raise_for_status().json()
+            assert wait_for(c, job["id"])["status"] == "succeeded"
+            r = c.get(f"/v1/jobs/{job['id']}/configs/1/launch", params={"format": "mindspeed"})
+            assert r.status_code == 422 and r.headers["content-type"].startswith("application/json")
+            detail = r.json()["detail"]
+            assert detail[0]["loc"] == ["query", "format"] and detail[0]["type"] == "inexpressible_option"
+            assert detail[0]["option"] == "recompute_modules" and "shared_experts" in detail[0]["msg"]
+            assert c.get(f"/v1/jobs/{job['id']}/configs/1/launch", params={"format": "megatron"}).status_code == 200
+            # a bad framework in the job body is a 422 naming the field
+            r = c.post("/v1/jobs", json={**TINY_JOB, "search": {"framework": "deepspeed"}})
+            assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "search", "framework"]
+        res = CliRunner().invoke(main, ["export", "--format", "mindspeed", "--server", srv.url, "--job", job["id"]])
+        assert res.exit_code == 2 and "recompute_modules" in res.stderr, res.output
+        # the framework defaults by the profile's vendor, and submit --framework sends it
+        ascend = ["submit", "--server", srv.url, "--model", "tiny-moe", "--cluster", "ascend-910b", "--devices", "8",
+                  "--global-batch-size", "32", "--sampler", "exhaustive", "--json"]
+        res = CliRunner().invoke(main, ascend)
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["inputs"]["search"]["framework"] == "mindspeed"
+        res = CliRunner().invoke(main, [*ascend, "--framework", "megatron"])
+        assert json.loads(res.stdout)["inputs"]["search"]["framework"] == "megatron"
+    finally:
+        srv.stop()
