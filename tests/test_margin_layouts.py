@@ -275,7 +275,8 @@ def test_a_job_stores_its_margin_flags_its_configs_and_serves_its_layouts(tmp_pa
         items = client.get(f"/v1/jobs/{job['id']}/configs").json()["items"]
         layouts = client.get(f"/v1/jobs/{job['id']}/layouts").json()
         assert "layouts" not in done["summary"]  # on its own route, not in every job view
-        direct = run_search(_request("tiny-moe", sampler="exhaustive", top_k=6, memory_margin_gib=margin))
+        direct = run_search(_request("tiny-moe", sampler="exhaustive", top_k=6, memory_margin_gib=margin,
+                                     framework=job["inputs"]["search"]["framework"]))  # the job's (the GPU default)
         assert [e["keeps_margin"] for e in items] == [e["keeps_margin"] for e in direct["top"]]
         assert [e.get("margin_warning") for e in items] == [e.get("margin_warning") for e in direct["top"]]
         assert done["best"]["keeps_margin"] is True and done["best"] == items[0]

@@ -77,7 +77,8 @@ def _check_ranking(client, job: dict, study: optuna.Study) -> None:
     tokens = [c["evaluation"]["tokens_per_s"] for c in items]
     assert tokens == sorted(tokens, reverse=True)
     space = build_space(model_presets.load(JOB["model"]), hardware_profiles.load(JOB["cluster"]), JOB["devices"],
-                        JOB["global_batch_size"], fixed=job["inputs"]["search"]["fixed"] or None)
+                        JOB["global_batch_size"], fixed=job["inputs"]["search"]["fixed"] or None,
+                        framework=job["inputs"]["search"]["framework"])  # the space the job searched
     expected = rank_trials(space, study.get_trials(deepcopy=False, states=(COMPLETE,)), len(items))
     assert [c["config"] for c in items] == expected.configs
     assert job["summary"]["trials"] == len(study.get_trials(deepcopy=False, states=(COMPLETE,)))
