@@ -7,6 +7,7 @@ configs; the single-config path is a batch of one.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -25,11 +26,17 @@ NO_VALUE = -1  # integer columns use -1 for "not set"
 CP_COMM_CODES = {"p2p": 0, "a2a": 1, "allgather": 2, "a2a+p2p": 3}
 SHARDING_CODES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
-# Columns added after the first release: a batch built without them (the search's own arrays) gets
-# each config's default, so a new field never changes what an older caller scores.
-_DEFAULTS = {"moe_a2a_hierarchical": (True, bool), "cp_comm": (0, np.int64),
-             "main_grads_bytes": (4.0, np.float64), "main_params_bytes": (4.0, np.float64),
-             "exp_avg_bytes": (4.0, np.float64), "exp_avg_sq_bytes": (4.0, np.float64)}
+# Columns added after the first release; a batch built without them (the search's own arrays) gets
+# TrainingConfig's defaults for them (see ``__post_init__``), so a new field never changes what an
+# older caller scores.
+_LATER_COLUMNS = ("moe_a2a_hierarchical", "cp_comm", "main_grads_bytes", "main_params_bytes",
+                  "exp_avg_bytes", "exp_avg_sq_bytes")
+
+
+@functools.cache
+def _default_row() -> "ConfigBatch":
+    """A batch of one default TrainingConfig: built once, as searches build a batch per chunk."""
+    return ConfigBatch.from_configs([TrainingConfig(global_batch_size=1)])
 
 
 def modules_mask(modules) -> int:
@@ -78,10 +85,11 @@ class ConfigBatch:
     sharding: np.ndarray | None = None  # SHARDING_CODES; default from distributed_optimizer
 
     def __post_init__(self) -> None:
-        n = len(self.tp)
-        for name, (value, dtype) in _DEFAULTS.items():
-            if getattr(self, name) is None:
-                setattr(self, name, np.full(n, value, dtype=dtype))
+        missing = [name for name in _LATER_COLUMNS if getattr(self, name) is None]
+        if missing:  # the defaults come from TrainingConfig itself, so the two cannot disagree
+            default = _default_row()
+            for name in missing:
+                setattr(self, name, np.repeat(getattr(default, name), len(self.tp)))
         if self.sharding is None:
             self.sharding = np.where(self.distributed_optimizer, SHARDING_CODES["optim"],
                                      SHARDING_CODES["no_shard"]).astype(np.int64)
