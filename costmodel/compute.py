@@ -34,6 +34,28 @@ def gemm_s(m, k, n, hw: Hardware, fp8, count=1.0) -> np.ndarray:
     return count * np.maximum(compute, memory)
 
 
+def grouped_gemm_s(m, k, n, groups, hw: Hardware, fp8) -> np.ndarray:
+    """Time of one grouped GEMM (TEGroupedMLP, npu_gmm): ``groups`` matmuls of (m/groups × k)·(k × n)
+    in one kernel call, so the per-call cost of the saturation curve is paid once on the total
+    FLOPs, at ``moe_gemm_eff_ratio`` of a dense GEMM's efficiency (per-expert tails); but the HBM roofline reads every group's weight matrix, which binds when each expert gets
+    few tokens (the arithmetic intensity of a group is about m/groups FLOPs per weight byte)."""
+    flops = 2.0 * m * k * n
+    elem = np.where(fp8 & (hw.peak_fp8_flops > 0), 1.0, BF16_BYTES)
+    memory = (m * k + groups * k * n + m * n) * elem / hw.hbm_bytes_per_s
+    return np.maximum(gemm_s(m / groups, k, n, hw, fp8, groups) / hw.moe_gemm_eff_ratio, memory)
+
+
+def grouped_weight_grad_s(m, k, n, groups, hw: Hardware, fp8, accum_bytes) -> np.ndarray:
+    """Time of the weight-gradient grouped GEMM: the FLOPs of the forward one, while its output is
+    accumulated into each weight's main gradient in place (Megatron's gradient_accumulation_fusion,
+    MindSpeed's npu_gmm weight-gradient path): every micro-batch reads and rewrites ``accum_bytes``
+    per weight, besides reading the two inputs. With dense GEMMs (thousands of tokens per weight) the
+    FLOPs dominate; with fine-grained experts (hundreds of tokens each) this traffic does."""
+    elem = np.where(fp8 & (hw.peak_fp8_flops > 0), 1.0, BF16_BYTES)
+    memory = ((m * k + m * n) * elem + 2.0 * accum_bytes * groups * k * n) / hw.hbm_bytes_per_s
+    return np.maximum(gemm_s(m / groups, k, n, hw, fp8, groups) / hw.moe_gemm_eff_ratio, memory)
+
+
 def attention_core_s(flops, scores, calls, hw: Hardware) -> np.ndarray:
     """FlashAttention forward time (BF16 even in FP8 recipes, as Transformer Engine's default).
 

@@ -14,7 +14,8 @@ import numpy as np
 
 from . import comm, memory
 from .batch import MODULE_BITS
-from .compute import ATTN_BACKWARD_FACTOR, BF16_BYTES, attention_core_s, gemm_s, memory_bound_s
+from .compute import (ATTN_BACKWARD_FACTOR, BF16_BYTES, attention_core_s, gemm_s, grouped_gemm_s,
+                      grouped_weight_grad_s, memory_bound_s)
 from .flops import attention_params, mlp_params
 from .hardware import Hardware
 from .spec import ModelSpec
@@ -77,6 +78,7 @@ class Context:
     modules: np.ndarray  # selective recompute bit mask (0 unless recompute == selective)
     a2a_hierarchical: np.ndarray  # EP dispatch deduplicated per destination node
     cp_comm: np.ndarray  # batch.CP_COMM_CODES: 0 ring, 1 Ulysses all-to-all, 2 K/V all-gather, 3 both
+    grad_accum_bytes: np.ndarray  # bytes per element of the main gradients (integer, main_grads_dtype)
 
     def drops(self, module: str) -> np.ndarray:
         return (self.modules & MODULE_BITS[module]) != 0
@@ -191,6 +193,21 @@ def _mlp_parts(ctx: Context, ffn: int, tokens, shard) -> tuple[np.ndarray, np.nd
     return gemms, memory_bound_s(act_bytes_moved, ctx.hw), flops
 
 
+def _expert_parts(ctx: Context, tokens, local_experts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Forward and backward GEMM time and activation-function time of a device's local experts.
+
+    They run as one grouped GEMM per projection and pass (TEGroupedMLP, npu_gmm): the backward is the
+    input-gradient grouped GEMM (it reads every expert's weights again) and the weight-gradient one
+    (it rewrites every expert's main gradient: see ``grouped_weight_grad_s``)."""
+    hw, h, f, etp, fp8 = ctx.hw, ctx.spec.hidden_size, ctx.spec.expert_ffn, ctx.shapes.etp, ctx.fp8
+    fc1 = (2 if ctx.spec.swiglu else 1) * f / etp
+    shapes = ((tokens, h, fc1), (tokens, f / etp, h))
+    fwd = sum(grouped_gemm_s(m, k, n, local_experts, hw, fp8) for m, k, n in shapes)
+    wgrad = sum(grouped_weight_grad_s(m, k, n, local_experts, hw, fp8, ctx.grad_accum_bytes) for m, k, n in shapes)
+    act = memory_bound_s(BF16_BYTES * tokens * (fc1 + f / etp), hw)  # read fc1 output, write fc2 input
+    return fwd, fwd + wgrad, act
+
+
 def dense_mlp_block(ctx: Context) -> Cost:
     """Pre-MLP norm, tensor-parallel MLP, residual."""
     spec, s = ctx.spec, ctx.shapes
@@ -223,11 +240,7 @@ def moe_block(ctx: Context) -> Cost:
     h, f, E, k = spec.hidden_size, spec.expert_ffn, spec.num_experts, spec.moe_router_topk
     local_experts = E / s.ep
     tokens_per_device = s.routed * s.etp  # every ETP member processes its EP rank's tokens
-    # The local experts run as one grouped GEMM per projection (TEGroupedMLP, npu_gmm): one kernel
-    # call over every routed token, so the per-call cost of the saturation curve is paid once, not
-    # per expert; grouped GEMMs run below a dense GEMM of the same size (calibrated ratio).
-    expert_gemms, expert_act, _ = _mlp_parts(ctx, f, tokens_per_device, s.etp)
-    expert_gemms = expert_gemms / hw.moe_gemm_eff_ratio
+    expert_fwd, expert_bwd, expert_act = _expert_parts(ctx, tokens_per_device, local_experts)
     expert_flops = 2.0 * s.routed * mlp_params(h, f, spec.swiglu)
     router = (gemm_s(s.tokens_moe, h, E, hw, False)
               + memory_bound_s(ROUTER_BYTES_PER_SCORE * s.tokens_moe * E, hw))
@@ -239,9 +252,10 @@ def moe_block(ctx: Context) -> Cost:
     else:
         sh_gemms = sh_act = sh_flops = sh_tp = np.zeros_like(permute)
     mem = memory_bound_s(_residual_and_norm_bytes(ctx), hw)
-    gemms = expert_gemms + sh_gemms + router
+    gemms = expert_fwd + sh_gemms + router
+    gemms_bwd = expert_bwd + BACKWARD_FACTOR * (sh_gemms + router)
     fwd = gemms + expert_act + sh_act + permute + mem
-    bwd = BACKWARD_FACTOR * gemms + MEMORY_BOUND_BACKWARD_FACTOR * (expert_act + sh_act + permute + mem)
+    bwd = gemms_bwd + MEMORY_BOUND_BACKWARD_FACTOR * (expert_act + sh_act + permute + mem)
     # Dispatch and combine: every device sends its tokens' top-k copies; the busiest rank's receive
     # side (imbalance × mean) sets the time. Expert-tensor parallelism adds an all-gather and a
     # reduce-scatter of the received tokens inside the ETP group.
@@ -258,7 +272,7 @@ def moe_block(ctx: Context) -> Cost:
     z = np.zeros_like(fwd)
     router_and_shared = h * E + mlp_params(h, fs, spec.swiglu) / s.tp + 2.0 * h
     return Cost(
-        fwd_s=fwd, bwd_s=bwd, gemm_fwd_s=gemms, gemm_bwd_s=BACKWARD_FACTOR * gemms,
+        fwd_s=fwd, bwd_s=bwd, gemm_fwd_s=gemms, gemm_bwd_s=gemms_bwd,
         selective_s=selective, tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=z, cp_bwd_s=z,
         ep_fwd_s=a2a, ep_bwd_s=a2a, selective_cp_s=z, selective_ep_s=drop_moe * a2a,
         flops_fwd=flops, selective_flops=selective_flops,

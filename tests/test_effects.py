@@ -787,3 +787,58 @@ def test_ulysses_all_to_all_is_exposed_ring_is_hidden(preset, round_profile):
     assert hybrid["time"]["cp_comm_s"] == pytest.approx(ulysses["time"]["cp_comm_s"])  # cp 4 fits in a node
     # Ulysses runs attention in one call per layer instead of four ring steps
     assert ulysses["time"]["compute_s"] < ring["time"]["compute_s"]
+
+
+# ================================================================================================
+# grouped expert GEMMs (compute.grouped_gemm_s, compute.grouped_weight_grad_s)
+
+
+def test_grouped_gemm_pays_each_experts_size(hw):
+    # 4 experts × 2048 tokens, (2048×4096)·(4096×4096): per expert F = 2·2048·4096² FLOP, efficiency
+    # 0.8·F/(F + 2 GFLOP) -> (F + 2e9)/(1000e12·0.8) s each; the HBM side (67 MB per expert at
+    # 1.6 TB/s, 42 us) is below it. One dense GEMM of the same total size would pay the 2 GFLOP once.
+    F = 2.0 * 2048 * 4096 * 4096
+    per_expert = (F + 2e9) / (1000e12 * 0.8)
+    assert (2048 * 4096 * 2 + 4096 * 4096) * 2 / (2000e9 * 0.8) < per_expert
+    got = compute.grouped_gemm_s(A([4 * 2048.0]), 4096, 4096, A([4.0]), hw, A([False]))[0]
+    assert got == pytest.approx(4 * per_expert, rel=1e-12)
+    assert got > compute.gemm_s(A([4 * 2048.0]), 4096, 4096, hw, A([False]))[0]
+
+
+def test_grouped_gemm_with_few_tokens_per_expert_reads_every_weight(hw):
+    # 64 experts × 16 tokens: compute 64·(F + 2e9)/0.8e15 with F = 2·16·4096² (203 us) is far below
+    # reading 64 weight matrices of 4096² bf16 plus the 1024 tokens in and out: 2.2 GB at 1.6 TB/s.
+    m = 64 * 16.0
+    expected = (m * 4096 + 64 * 4096 * 4096 + m * 4096) * 2 / (2000e9 * 0.8)
+    F = 2.0 * 16 * 4096 * 4096
+    assert 64 * (F + 2e9) / (1000e12 * 0.8) < expected
+    got = compute.grouped_gemm_s(A([m]), 4096, 4096, A([64.0]), hw, A([False]))[0]
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_expert_weight_gradient_rewrites_the_main_gradient(hw):
+    # Weight-gradient grouped GEMM of the same 64 × 16-token experts: the inputs are read (bf16) and
+    # each weight's main gradient is read and rewritten: 2·4 B per weight in fp32, 2·2 B in bf16.
+    m, k, n, g = 64 * 16.0, 4096, 4096, 64.0
+    def expected(accum):
+        return ((m * k + m * n) * 2 + 2 * accum * g * k * n) / (2000e9 * 0.8)
+    fp32 = compute.grouped_weight_grad_s(A([m]), k, n, A([g]), hw, A([False]), A([4]))[0]
+    bf16 = compute.grouped_weight_grad_s(A([m]), k, n, A([g]), hw, A([False]), A([2]))[0]
+    assert fp32 == pytest.approx(expected(4), rel=1e-12)
+    assert bf16 == pytest.approx(expected(2), rel=1e-12)
+    # with 8192 tokens per expert (about 2000 FLOPs per weight byte) the FLOPs dominate again
+    big = compute.grouped_weight_grad_s(A([4 * 8192.0]), k, n, A([4.0]), hw, A([False]), A([4]))[0]
+    assert big == pytest.approx(compute.grouped_gemm_s(A([4 * 8192.0]), k, n, A([4.0]), hw, A([False]))[0], rel=1e-12)
+
+
+def test_fine_grained_experts_cost_more_at_equal_flops(preset, round_profile):
+    # The same active FLOPs per token split into 4x more, 4x narrower experts (top-k 4x): each
+    # expert's GEMM is smaller and every weight is read per micro-batch, so the step is slower.
+    coarse = model_presets.load({"base": "tiny-moe"})
+    fine = model_presets.load({"base": "tiny-moe", "num_experts": 4 * coarse.num_experts,
+                               "moe_router_topk": 4 * coarse.moe_router_topk,
+                               "moe_ffn_hidden_size": coarse.expert_ffn // 4})
+    cfg = TrainingConfig(tp=1, pp=1, ep=4, global_batch_size=8, micro_batch_size=1)
+    a = evaluate(coarse, round_profile, 4, cfg)
+    b = evaluate(fine, round_profile, 4, cfg)
+    assert b["time"]["compute_s"] > a["time"]["compute_s"]
