@@ -76,6 +76,20 @@ def distinct_domains(k, domains) -> np.ndarray:
     return n * (1.0 - (1.0 - 1.0 / n) ** k)
 
 
+def _expert_all_to_all_parts(send_bytes, k, stride, size, hierarchical, hw: Hardware):
+    """Scale-up time, NIC time and message latencies of one expert dispatch (see expert_all_to_all_s)."""
+    inside = members_per_domain(stride, size, hw)
+    n = np.maximum(size, 1)
+    domains = n / inside
+    remote_share = (size - inside) / n
+    copies_remote = np.where(hierarchical, distinct_domains(k, domains) * remote_share / k, remote_share)
+    intra = send_bytes * (inside - 1) / n / scale_up_bandwidth(inside - 1, hw)
+    inter = send_bytes * copies_remote / hw.scale_out_bytes_per_s
+    remote_peers = np.where(hierarchical, domains - 1, size - inside)
+    lat = (inside - 1) * hw.scale_up_latency_s + remote_peers * hw.scale_out_latency_s
+    return intra, inter, lat
+
+
 def expert_all_to_all_s(send_bytes, k, stride, size, hierarchical, hw: Hardware) -> np.ndarray:
     """MoE dispatch (or combine) over an EP group of ``size`` ranks ``stride`` apart: ``send_bytes`` are
     the ``k`` routed copies of this rank's tokens.
@@ -86,16 +100,19 @@ def expert_all_to_all_s(send_bytes, k, stride, size, hierarchical, hw: Hardware)
     all-to-all on Atlas 800T A2) sends a token once per destination node, where it fans out over the
     scale-up links: the inter-node volume drops from k copies to the expected number of distinct
     remote nodes, and messages go to one peer per node plus the peers inside the own domain."""
-    inside = members_per_domain(stride, size, hw)
-    n = np.maximum(size, 1)
-    domains = n / inside
-    remote_share = (size - inside) / n
-    copies_remote = np.where(hierarchical, distinct_domains(k, domains) * remote_share / k, remote_share)
-    intra = send_bytes * (inside - 1) / n / scale_up_bandwidth(inside - 1, hw)
-    inter = send_bytes * copies_remote / hw.scale_out_bytes_per_s
-    remote_peers = np.where(hierarchical, domains - 1, size - inside)
-    lat = (inside - 1) * hw.scale_up_latency_s + remote_peers * hw.scale_out_latency_s
+    intra, inter, lat = _expert_all_to_all_parts(send_bytes, k, stride, size, hierarchical, hw)
     return np.where(size > 1, np.maximum(intra, inter) + lat, 0.0)
+
+
+def expert_all_to_all_nic_s(send_bytes, k, stride, size, hierarchical, hw: Hardware) -> np.ndarray:
+    """The time one expert dispatch keeps this device's NIC busy: what data-parallel traffic that runs
+    at the same time (overlapped gradient reduce-scatter, parameter all-gather) cannot use."""
+    return np.where(size > 1, _expert_all_to_all_parts(send_bytes, k, stride, size, hierarchical, hw)[1], 0.0)
+
+
+def spans_domains(stride, size, hw: Hardware) -> np.ndarray:
+    """Whether a group of ``size`` ranks ``stride`` apart crosses the scale-up domain (uses the NIC)."""
+    return members_per_domain(stride, size, hw) < size
 
 
 def p2p_s(nbytes, stride, hw: Hardware) -> np.ndarray:

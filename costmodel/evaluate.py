@@ -425,6 +425,8 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
                                                  + comm.exposed_s(col(head.tp_bwd_s), col(head.gemm_bwd_s), tp_ov))
     cp_t = np.zeros_like(compute)
     ep_t = np.zeros_like(compute)
+    ep_nic_fwd = np.zeros_like(compute)  # NIC time of expert dispatch in one micro-batch's passes
+    ep_nic_bwd = np.zeros_like(compute)
     fwd_window = n_emb * col(emb.fwd_s) + n_head * col(head.fwd_s)
     bwd_window = n_emb * col(emb.bwd_s) + n_head * col(head.bwd_s)
     act = np.zeros_like(compute)
@@ -443,6 +445,8 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
         if c.ep_fwd_s.any() or c.ep_bwd_s.any() or c.selective_ep_s.any() or np.isnan(window).any():
             ep_raw = col(c.ep_fwd_s + c.ep_bwd_s) + sel * col(c.selective_ep_s) + frac * col(c.ep_fwd_s)
             ep_t += n * comm.exposed_s(ep_raw, col(window), ep_ov)
+            ep_nic_fwd += n * col(c.ep_nic_s)
+            ep_nic_bwd += n * col(c.ep_nic_s) * (1 + frac + sel * col(c.selective_ep_s > 0))
         fwd_window += n * col(c.fwd_s)
         bwd_window += n * col(c.bwd_s)
         act += n * (col(c.act_bytes) * one_minus_frac + frac_layer_input)
@@ -484,6 +488,12 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     grad_sync = grad_rs * col(np.where(sharded_opt, 1.0, 2.0))
     param_sync = param_ag * dist if _all_finite(param_ag) else np.where(dist > 0, param_ag, 0.0)
     dp_ov = hw.dp_overlap
+    # Overlapped DP traffic shares each device's NIC with the expert dispatch of the passes it hides
+    # behind: where a DP group crosses nodes, it can only use the part of the window in which the
+    # dispatch does not hold the NIC (the link's time is the sum of both traffics).
+    dp_on_nic = col(comm.spans_domains(b.tp, dp_cp, hw) | comm.spans_domains(b.etp * b.ep, edp, hw))
+    bwd_window = np.maximum(bwd_window - dp_on_nic * ep_nic_bwd, 0.0)
+    fwd_window = np.maximum(fwd_window - dp_on_nic * ep_nic_fwd, 0.0)
 
     def overlapped(sync, window, on):
         # exposed_s with no window and no overlap is the communication itself.

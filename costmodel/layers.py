@@ -47,6 +47,7 @@ class Cost:
     cp_bwd_s: np.ndarray
     ep_fwd_s: np.ndarray
     ep_bwd_s: np.ndarray
+    ep_nic_s: np.ndarray  # NIC time of one pass's dispatch and combine (shared with overlapped DP traffic)
     selective_cp_s: np.ndarray  # CP exchange repeated by selective recompute of core_attn
     selective_ep_s: np.ndarray  # dispatch/combine repeated by selective recompute of moe
     flops_fwd: np.ndarray  # hardware FLOPs of the forward pass on this device
@@ -148,7 +149,7 @@ def attention_block(ctx: Context) -> Cost:
     return Cost(
         fwd_s=fwd, bwd_s=bwd, gemm_fwd_s=gemms, gemm_bwd_s=BACKWARD_FACTOR * gemms,
         selective_s=selective, tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
-        ep_fwd_s=z, ep_bwd_s=z, selective_cp_s=ctx.drops("core_attn") * cp_fwd, selective_ep_s=z,
+        ep_fwd_s=z, ep_bwd_s=z, ep_nic_s=z, selective_cp_s=ctx.drops("core_attn") * cp_fwd, selective_ep_s=z,
         flops_fwd=proj_flops + core_flops, selective_flops=selective_flops,
         act_bytes=memory.attention_activation_bytes(spec, s), transient_bytes=z,
         dense_params=params.sharded / tp + params.replicated + 2.0 * h + z, expert_params=z)
@@ -222,7 +223,7 @@ def dense_mlp_block(ctx: Context) -> Cost:
         gemm_fwd_s=gemms, gemm_bwd_s=BACKWARD_FACTOR * gemms,
         selective_s=drop_mlp * (gemms + act) + ctx.drops("layernorm") * memory_bound_s(
             NORM_BYTES * s.tokens_sp * spec.hidden_size, ctx.hw),
-        tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=z, cp_bwd_s=z, ep_fwd_s=z, ep_bwd_s=z,
+        tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=z, cp_bwd_s=z, ep_fwd_s=z, ep_bwd_s=z, ep_nic_s=z,
         selective_cp_s=z, selective_ep_s=z, flops_fwd=flops, selective_flops=drop_mlp * flops,
         act_bytes=memory.pre_mlp_bytes(spec, s) + memory.mlp_activation_bytes(
             spec.ffn_hidden_size, spec, s.tokens, s.tp, drop_mlp, s.gemm_input_bytes),
@@ -261,6 +262,7 @@ def moe_block(ctx: Context) -> Cost:
     # reduce-scatter of the received tokens inside the ETP group.
     send_bytes = BF16_BYTES * s.tokens_moe * k * h * ctx.imbalance
     a2a = 2.0 * comm.expert_all_to_all_s(send_bytes, k, s.etp, s.ep, ctx.a2a_hierarchical, hw)
+    a2a_nic = 2.0 * comm.expert_all_to_all_nic_s(send_bytes, k, s.etp, s.ep, ctx.a2a_hierarchical, hw)
     etp_comm = comm.all_reduce_s(BF16_BYTES * tokens_per_device * h, 1, s.etp, hw)
     drop_moe = ctx.drops("moe")
     selective = np.where(drop_moe, fwd, ctx.drops("moe_act") * expert_act
@@ -274,7 +276,7 @@ def moe_block(ctx: Context) -> Cost:
     return Cost(
         fwd_s=fwd, bwd_s=bwd, gemm_fwd_s=gemms, gemm_bwd_s=gemms_bwd,
         selective_s=selective, tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=z, cp_bwd_s=z,
-        ep_fwd_s=a2a, ep_bwd_s=a2a, selective_cp_s=z, selective_ep_s=drop_moe * a2a,
+        ep_fwd_s=a2a, ep_bwd_s=a2a, ep_nic_s=a2a_nic, selective_cp_s=z, selective_ep_s=drop_moe * a2a,
         flops_fwd=flops, selective_flops=selective_flops,
         act_bytes=memory.pre_mlp_bytes(spec, s) + memory.moe_block_activation_bytes(spec, s),
         transient_bytes=memory.dispatch_buffer_bytes(spec, s),
