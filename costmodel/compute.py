@@ -65,8 +65,21 @@ def attention_core_s(flops, scores, calls, hw: Hardware) -> np.ndarray:
     §3) shows exponentials have a throughput far below the matmuls', so per score the softmax costs
     the same whatever the head dim while the matmuls cost 2·(d_qk + d_v) FLOPs: small heads (64) and
     long sequences run far from the matmul peak."""
+    matmul, softmax = _attention_core_parts(flops, scores, calls, hw)
+    return matmul + softmax
+
+
+def attention_core_bwd_s(flops, scores, calls, hw: Hardware) -> np.ndarray:
+    """FlashAttention backward time: five matmuls against the forward's two (it recomputes the
+    scores: Dao 2023, "FlashAttention-2", §3.1.2), and one exponential per score again (the
+    recomputation of P = exp(S − L) in its Algorithm 2), so the softmax part costs what the forward's does."""
+    matmul, softmax = _attention_core_parts(flops, scores, calls, hw)
+    return ATTN_BACKWARD_FACTOR * matmul + softmax
+
+
+def _attention_core_parts(flops, scores, calls, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
     matmul = flops / (hw.peak_bf16_flops * hw.attn_eff * _saturation(flops / calls, hw))
-    return matmul + scores / hw.softmax_scores_per_s
+    return matmul, scores / hw.softmax_scores_per_s
 
 
 def memory_bound_s(nbytes, hw: Hardware) -> np.ndarray:

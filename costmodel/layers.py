@@ -14,7 +14,7 @@ import numpy as np
 
 from . import comm, memory
 from .batch import MODULE_BITS
-from .compute import (ATTN_BACKWARD_FACTOR, BF16_BYTES, attention_core_s, gemm_s, grouped_gemm_s,
+from .compute import (BF16_BYTES, attention_core_bwd_s, attention_core_s, gemm_s, grouped_gemm_s,
                       grouped_weight_grad_s, memory_bound_s)
 from .flops import attention_params, mlp_params
 from .hardware import Hardware
@@ -130,12 +130,13 @@ def attention_block(ctx: Context) -> Cost:
     scores = core_flops / (2.0 * (spec.qk_dim + spec.v_dim))
     ulysses, ring = _cp_degrees(ctx)
     core_fwd = attention_core_s(core_flops, scores, ring, hw)
+    core_bwd = attention_core_bwd_s(core_flops, scores, ring, hw)
     norm_bytes = NORM_BYTES * s.tokens_sp * h + latent_norm_bytes
     mem_fwd = memory_bound_s(norm_bytes + RESIDUAL_BYTES * s.tokens_sp * h, hw)
     fwd = gemms + core_fwd + mem_fwd
-    bwd = BACKWARD_FACTOR * gemms + ATTN_BACKWARD_FACTOR * core_fwd + MEMORY_BOUND_BACKWARD_FACTOR * mem_fwd
+    bwd = BACKWARD_FACTOR * gemms + core_bwd + MEMORY_BOUND_BACKWARD_FACTOR * mem_fwd
     qkv_width = a * (2 * spec.qk_dim + spec.v_dim) / tp if spec.multi_latent_attention else (a + 2 * spec.query_groups) * spec.head_dim / tp
-    cp_fwd, cp_bwd = _context_parallel_s(ctx, core_fwd, kv_width, qkv_width, a * spec.v_dim / tp, ulysses, ring)
+    cp_fwd, cp_bwd = _context_parallel_s(ctx, core_fwd, core_bwd, kv_width, qkv_width, a * spec.v_dim / tp, ulysses, ring)
     selective = (ctx.drops("core_attn") * core_fwd
                  + ctx.drops("layernorm") * memory_bound_s(norm_bytes, hw)
                  + ctx.drops("mla_up_proj") * up)
@@ -166,7 +167,7 @@ def _cp_degrees(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     return ulysses, ring
 
 
-def _context_parallel_s(ctx: Context, core_fwd, kv_width, qkv_width, out_width, ulysses, ring):
+def _context_parallel_s(ctx: Context, core_fwd, core_bwd, kv_width, qkv_width, out_width, ulysses, ring):
     """Exposed context-parallel communication of one layer, forward and backward.
 
     Ring (Megatron-Core's p2p ring attention, load-balanced: each rank holds chunks i and 2·cp−1−i of
@@ -178,7 +179,7 @@ def _context_parallel_s(ctx: Context, core_fwd, kv_width, qkv_width, out_width, 
     s, hw, T = ctx.shapes, ctx.hw, ctx.shapes.tokens
     kv_step = comm.p2p_s(BF16_BYTES * T * kv_width, s.tp * ulysses, hw)
     ring_fwd = np.maximum((ring - 1) * kv_step - core_fwd, 0.0)
-    ring_bwd = np.maximum(2 * (ring - 1) * kv_step - ATTN_BACKWARD_FACTOR * core_fwd, 0.0)
+    ring_bwd = np.maximum(2 * (ring - 1) * kv_step - core_bwd, 0.0)
     a2a = comm.all_to_all_s(BF16_BYTES * T * (qkv_width + out_width), s.tp, ulysses, hw)
     gather = np.where(ctx.cp_comm == 2, comm.all_gather_s(BF16_BYTES * T * kv_width * s.cp, s.tp, s.cp, hw), 0.0)
     return ring_fwd + a2a + gather, ring_bwd + a2a + gather

@@ -201,6 +201,14 @@ def test_attention_core_per_call_and_softmax(hw):
         (F + 4 * 2e9) / (1000e12 * 0.5) + S / 3.9e12, rel=1e-12)
 
 
+def test_attention_backward_recomputes_the_softmax_once(hw):
+    # FlashAttention-2's backward: 2.5x the forward's matmul time (five matmuls against two) but one
+    # exponential per score again, so the softmax part is the forward's: 2.5·(F + 2e9)/(peak·eff) + S/3.9e12.
+    F, S = 5e11, 1e9
+    assert compute.attention_core_bwd_s(A([F]), A([S]), A([1]), hw)[0] == pytest.approx(
+        2.5 * (F + 2e9) / (1000e12 * 0.5) + S / 3.9e12, rel=1e-12)
+
+
 def test_attention_head_dim_64_runs_further_from_peak(hw):
     # Same score count, half the head dim: half the matmul FLOPs but the same softmax time, so the
     # achieved fraction of the matmul peak falls.
