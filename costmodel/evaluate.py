@@ -61,6 +61,12 @@ class BatchResult:
     microbatches: np.ndarray  # (N,)
     pp: np.ndarray
     vpp: np.ndarray
+    # (N,) what a chunk's activations are made of, for ranks whose chunks are uneven (stage_peaks):
+    # one dense, MoE and MTP layer's stored bytes, a fully recomputed layer's kept input, and the
+    # layers fully recomputed per stage (0 without full recompute).
+    layer_act_bytes: tuple | None = None
+    layer_input_bytes: np.ndarray | None = None
+    full_recompute_cap: np.ndarray | None = None
 
     def stage_peaks(self, i: int) -> np.ndarray:
         """Peak bytes of every pipeline stage of config ``i``, in rank order.
@@ -69,13 +75,24 @@ class BatchResult:
         composition differ only in the micro-batches they hold in flight."""
         if self.stage_states_bytes is None:
             raise ValueError("per-stage memory was not kept: evaluate with keep_stages=True")
-        comps = self.stages.split_comps[self.stages.split_index[i]]
+        s = self.stages.split_index[i]
+        comps = self.stages.split_comps[s]
         cand = self.stages.comp[i]
         match = (comps[:, None, :] == cand[None, :, :]).all(axis=2).argmax(axis=1)
         ranks = np.arange(len(comps))[None, :]
         held = pipeline.microbatches_in_flight(self.pp[i:i + 1], self.vpp[i:i + 1], self.microbatches[i:i + 1], ranks)[0]
-        return (self.stage_states_bytes[i, match] + self.stage_act_microbatch_bytes[i, match] * held
-                + self.stage_fixed_bytes[i, match])
+        held_act = self.stage_act_microbatch_bytes[i, match] * held
+        uneven = self.stages.split_unevens[s] & (self.pp[i] > 1)
+        for r in np.flatnonzero(uneven).tolist():  # chunks differ: replay the schedule (see _score)
+            chunks = self.stages.split_chunk_acts[s][r].astype(np.float64)  # (vpp, 3) layers
+            decoder = comps[r, pipeline.DENSE] + comps[r, pipeline.MOE]
+            cap = self.full_recompute_cap[i]
+            frac = min(decoder, cap) / max(decoder, 1) if cap > 0 else 0.0
+            per_layer = [a[i] * (1 - f) + f * self.layer_input_bytes[i]
+                         for a, f in zip(self.layer_act_bytes, (frac, frac, 0.0))]
+            held_act[r] = pipeline.replay_peak_activation_bytes(
+                int(self.pp[i]), int(self.vpp[i]), int(round(self.microbatches[i])), r, chunks @ per_layer)
+        return self.stage_states_bytes[i, match] + held_act + self.stage_fixed_bytes[i, match]
 
     def __len__(self) -> int:
         return len(self.valid)
@@ -153,7 +170,9 @@ GROUP_MIN_CONFIGS = 4096
 CHUNK_CONFIGS = 16384
 
 
-STAGE_KEYS = ("stage_peak_bytes", "stage_states_bytes", "stage_act_microbatch_bytes", "stage_fixed_bytes")
+STAGE_KEYS = ("stage_peak_bytes", "stage_states_bytes", "stage_act_microbatch_bytes", "stage_fixed_bytes",
+              "layer_act_dense_bytes", "layer_act_moe_bytes", "layer_act_mtp_bytes", "layer_input_bytes",
+              "full_recompute_cap")
 
 
 def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: ConfigBatch,
@@ -174,6 +193,8 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     scored = _score_in_groups(spec, hw, devices, b, st, keep_stages)
     for key in STAGE_KEYS:
         scored.setdefault(key, None)
+    layer_act = tuple(scored.pop(f"layer_act_{u}_bytes") for u in ("dense", "moe", "mtp"))
+    scored["layer_act_bytes"] = None if layer_act[0] is None else layer_act
     feasible = valid & (scored["peak_bytes"] <= hw.memory_bytes)
     return BatchResult(valid=valid, feasible=feasible, broken=broken, rules=rules, stages=st, **scored,
                        stage_rank=st.rank if keep_stages else None, capacity_bytes=hw.memory_bytes,
@@ -375,6 +396,58 @@ def _distinct_layer_inputs(b: ConfigBatch, ctx: layers.Context,
     return member, inverse
 
 
+def _replayed(st: pipeline.StageSet, split_index: np.ndarray, uneven: np.ndarray, m: np.ndarray,
+              held_act: np.ndarray, unit_chunk_col: list[int], layer_act: list[np.ndarray]) -> np.ndarray:
+    """``held_act`` (K, N) with the stages whose chunks are uneven replaced by the replayed schedule's
+    peak (``pipeline.in_flight_layers``): the layers of each kind in flight at each maximal moment
+    depend on the split, the stage and m only, so they are tabled per distinct (split, m) and each
+    config takes the maximum over the moments of those layers times its bytes of one layer."""
+    # Every config takes part (its even stages read zero rows, masked at the end): gathering and
+    # scattering the configs with an uneven stage would cost more than it saves.
+    m_int = np.maximum(np.rint(m), 1).astype(np.int64)
+    uniq, inverse = pipeline.unique_rows([split_index, m_int])
+    k = uneven.shape[0]
+    per_rank = []  # per group: its split's (pp, Q, C) table
+    for s, mi in uniq.tolist():
+        cache = st.split_replay_caches[s]
+        t = cache.get(mi)
+        if t is None and not st.split_unevens[s].any():
+            t = cache[mi] = np.zeros((len(st.split_comps[s]), 1, len(pipeline.CHUNK_ACT_COLUMNS)))
+        elif t is None:
+            pp, vpp = len(st.split_comps[s]), st.split_chunk_acts[s].shape[1]
+            t = cache[mi] = pipeline.rank_in_flight_layers(pp, vpp, mi, st.split_chunk_acts[s],
+                                                           st.split_unevens[s])
+        per_rank.append(t)
+    by_q: dict[int, list[int]] = {}  # groups by table height, each padded to the tallest once
+    for g, t in enumerate(per_rank):
+        by_q.setdefault(t.shape[1], []).append(g)
+    Q = max(by_q)  # zero rows pad: they never win
+    blocks, order = [], []
+    for q, groups in by_q.items():
+        block = np.concatenate([per_rank[g] for g in groups])
+        blocks.append(block if q == Q else np.pad(block, ((0, 0), (0, Q - q), (0, 0))))
+        order += groups
+    stacked = np.concatenate(blocks)
+    sizes = np.array([len(per_rank[g]) for g in order])
+    offset = np.empty(len(per_rank), dtype=np.int64)
+    offset[order] = np.cumsum(sizes) - sizes
+    # (G, k, Q, C): the rows of each group's kept stages
+    table = stacked[offset[:, None] + st.split_rank_table[uniq[:, 0], :k]]
+    used = table.any(axis=(0, 1))  # (Q, C): rows and kinds of layer present somewhere
+    qs, us = np.nonzero(used)
+    # (R, k, N) for the R used (row, kind) pairs, one gather
+    layers_in_flight = np.take(np.ascontiguousarray(table[:, :, qs, us].transpose(2, 1, 0)), inverse, axis=2)
+    act_of = dict(zip(unit_chunk_col, layer_act))
+    best = None
+    for q in np.unique(qs).tolist():
+        total = None
+        for i in np.flatnonzero(qs == q).tolist():
+            term = layers_in_flight[i] * act_of[int(us[i])]
+            total = term if total is None else total + term
+        best = total if best is None else np.maximum(best, total)
+    return np.where(uneven, best, held_act)
+
+
 def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
            split_index: np.ndarray, k: int, costs=None, full_layers=None) -> dict:
     """Times, throughput and memory of configs ``b`` (no validity): their splits are ``split_index``
@@ -412,6 +485,7 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
 
     layer_terms = recompute_terms(full_frac)
     units = [(dense, n_dense, layer_terms)]
+    unit_chunk_col = [0]  # each unit's column in the chunk tables (pipeline.CHUNK_ACT_COLUMNS)
     # A dense model's MoE unit is its dense layer counted zero times: it adds exact zeros when finite.
     if spec.is_moe or not _all_finite(
             dense.fwd_s + dense.bwd_s + dense.selective_s + dense.tp_fwd_s + dense.gemm_fwd_s + dense.tp_bwd_s
@@ -419,7 +493,10 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
             + dense.ep_bwd_s + dense.selective_ep_s + dense.act_bytes + dense.transient_bytes
             + dense.dense_params + dense.expert_params):
         units.append((moe, n_moe if spec.is_moe else 0 * n_moe, layer_terms))
+        unit_chunk_col.append(1)
     units.append((mtp, n_mtp, recompute_terms(np.zeros((1, N)))))
+    unit_chunk_col.append(2)
+    layer_act = []  # per unit: stored bytes of one of its layers in each stage, (K, N) or (1, N)
     compute = n_emb * col(emb.fwd_s + emb.bwd_s) + n_head * col(head.fwd_s + head.bwd_s)
     tp_t = n_emb * col(emb.tp_fwd_s) + n_head * (comm.exposed_s(col(head.tp_fwd_s), col(head.gemm_fwd_s), tp_ov)
                                                  + comm.exposed_s(col(head.tp_bwd_s), col(head.gemm_bwd_s), tp_ov))
@@ -449,7 +526,8 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
             ep_nic_bwd += n * col(c.ep_nic_s) * (1 + frac + sel * col(c.selective_ep_s > 0))
         fwd_window += n * col(c.fwd_s)
         bwd_window += n * col(c.bwd_s)
-        act += n * (col(c.act_bytes) * one_minus_frac + frac_layer_input)
+        layer_act.append(col(c.act_bytes) * one_minus_frac + frac_layer_input)
+        act += n * layer_act[-1]
         # while a checkpointed layer is recomputed, its activations beyond the kept input are alive
         rebuilt = frac_pos * (col(c.act_bytes) - layer_input)
         transient = np.maximum(transient, (n > 0) * (col(c.transient_bytes) + rebuilt))
@@ -522,8 +600,15 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     rank = np.take(np.ascontiguousarray(st.split_rank_table[:, :k].T), split_index, axis=1)
     # (1, N) rows against (K, N) ranks: the function's [:, None] makes them (1, 1, N).
     in_flight = pipeline.microbatches_in_flight(b.pp[None, :], b.vpp[None, :], m[None, :], rank)[0]
+    held_act = act * in_flight
+    # Where a rank's model chunks hold different layers, which chunks are in flight at the peak
+    # matters: replay the schedule on the chunks' bytes (tabled per distinct split and m).
+    uneven = np.take(np.ascontiguousarray(st.split_uneven_table[:, :k].T), split_index, axis=1)
+    uneven &= (b.pp > 1)[None, :]
+    if uneven.any():
+        held_act = _replayed(st, split_index, uneven, m, held_act, unit_chunk_col, layer_act)
     fixed = n_head * col(head.act_bytes) * (1 + spec.mtp_num_layers) + transient
-    activations = act * in_flight + fixed
+    activations = held_act + fixed
     stage_peak = params_b + grads_b + opt_b + activations + hw.framework_overhead_bytes
     peak_idx = _first_argmax(stage_peak)
     at_peak = lambda x, flat=peak_idx * N + np.arange(N): _at(x, flat)  # noqa: E731
@@ -552,4 +637,7 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
         params_bytes=at_peak(params_b), grads_bytes=at_peak(grads_b), optimizer_bytes=at_peak(opt_b),
         activations_bytes=at_peak(activations), stage_peak_bytes=stage_peak.T,
         stage_states_bytes=(params_b + grads_b + opt_b).T, stage_act_microbatch_bytes=act.T,
-        stage_fixed_bytes=(fixed + hw.framework_overhead_bytes).T, microbatches=m)
+        stage_fixed_bytes=(fixed + hw.framework_overhead_bytes).T, microbatches=m,
+        layer_act_dense_bytes=dense.act_bytes + 0 * m, layer_act_moe_bytes=moe.act_bytes + 0 * m,
+        layer_act_mtp_bytes=mtp.act_bytes + 0 * m, layer_input_bytes=layer_input[0],
+        full_recompute_cap=np.where(full, rnl, 0).astype(np.float64))

@@ -125,6 +125,13 @@ def split_stages(spec: ModelSpec, pp: int, vpp: int, first: int, last: int, acc_
     Raises LayoutError with the reason when the split is impossible (an empty virtual stage, a
     layout that does not match pp·vpp or num_layers, ...).
     """
+    return split_chunks(spec, pp, vpp, first, last, acc_emb, acc_loss, layout).sum(axis=1)
+
+
+def split_chunks(spec: ModelSpec, pp: int, vpp: int, first: int, last: int, acc_emb: bool,
+                 acc_loss: bool, layout: str | None) -> np.ndarray:
+    """Per model chunk composition, shape (pp, vpp, 5): entry [r, k] is virtual stage k·pp + r, the
+    chunk k of pipeline rank r (same columns as ``split_stages``, which is its sum over chunks)."""
     S = pp * vpp
     if layout is not None:
         tokens = parse_layout(layout)
@@ -145,14 +152,13 @@ def split_stages(spec: ModelSpec, pp: int, vpp: int, first: int, last: int, acc_
             raise LayoutError(f"virtual stage {v} holds no layer slot (pp={pp}, vpp={vpp}, "
                               f"{spec.num_layers} layers)")
     pattern = spec.moe_layer_pattern()
-    comp = np.zeros((pp, 5), dtype=np.int64)
+    comp = np.zeros((pp, vpp, 5), dtype=np.int64)
     layer = 0
     for v, t in enumerate(tokens):
-        r = v % pp
         n = t.count("t")
         n_moe = sum(pattern[layer:layer + n])
         layer += n
-        comp[r] += (n - n_moe, n_moe, t.count("E"), t.count("L"), t.count("m"))
+        comp[v % pp, v // pp] = (n - n_moe, n_moe, t.count("E"), t.count("L"), t.count("m"))
     return comp
 
 
@@ -162,7 +168,10 @@ class StageSet:
 
     For speed the batch path keeps, per distinct composition, only its lowest-rank stage: time depends
     on the composition alone and activation memory falls with the rank, so the maxima over stages are
-    exact. ``all_stages=True`` keeps every stage (used for per-stage reports).
+    exact. A composition here includes the decoder layers of each model chunk when a rank's chunks are
+    uneven (their activations differ, so which of them are in flight matters: see
+    ``replay_peak_activation_bytes``); for the same chunks, a lower rank's in-flight set contains a
+    higher rank's at every step. ``all_stages=True`` keeps every stage (used for per-stage reports).
     """
 
     comp: np.ndarray
@@ -176,6 +185,13 @@ class StageSet:
     split_comp_table: np.ndarray | None = None
     split_rank_table: np.ndarray | None = None
     split_stage_count: np.ndarray | None = None  # (S,) stages kept before padding to K
+    # Per split: the decoder layers (DENSE, MOE, MTP) of each chunk of the kept stages (S, K, V, 3),
+    # V the batch's largest vpp (zero-padded), and whether that stage's chunks differ (S, K).
+    split_chunk_table: np.ndarray | None = None
+    split_uneven_table: np.ndarray | None = None
+    split_chunk_acts: list[np.ndarray] | None = None  # per split: every rank's chunks, (pp, vpp, 3)
+    split_unevens: list[np.ndarray] | None = None  # per split: (pp,) whether the rank's chunks differ
+    split_replay_caches: list[dict] | None = None  # per split: m -> rank_in_flight_layers (shared)
 
 
 class _TableStageSet(StageSet):
@@ -239,62 +255,90 @@ def unique_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return np.stack(digits[::-1], axis=1), inverse
 
 
-_SPLIT_CACHE: dict[tuple, tuple[np.ndarray, str | None, np.ndarray]] = {}
+# Decoder-layer columns of a chunk: what its stored activations depend on (the embedding stores
+# none, the head's logits are counted once per stage).
+CHUNK_ACT_COLUMNS = (DENSE, MOE, MTP)
+
+_SPLIT_CACHE: dict[tuple, tuple[np.ndarray, str | None, np.ndarray, np.ndarray, np.ndarray, dict]] = {}
 _SPLIT_CACHE_MAX = 4096
 
 
 def _split_cached(spec_key: str, spec: ModelSpec, pp: int, vpp: int, first: int, last: int, ae: bool,
-                  al: bool, layout: str | None) -> tuple[np.ndarray, str | None, np.ndarray]:
-    """``split_stages`` (composition, error or None, lowest rank of each distinct composition),
-    remembered per model and split: a search scores the same few hundred splits chunk after chunk."""
+                  al: bool, layout: str | None
+                  ) -> tuple[np.ndarray, str | None, np.ndarray, np.ndarray, np.ndarray, dict]:
+    """``split_stages`` (composition, error or None, lowest rank of each distinct composition, the
+    chunks' decoder layers (pp, vpp, 3), whether each rank's chunks are uneven (pp,), and a dict
+    that remembers ``rank_in_flight_layers`` per m), remembered per model and split: a search scores
+    the same few hundred splits chunk after chunk."""
     key = (spec_key, pp, vpp, first, last, ae, al, layout)
     hit = _SPLIT_CACHE.get(key)
     if hit is not None:
         return hit
     try:
-        comp, error = split_stages(spec, pp, vpp, first, last, ae, al, layout), None
+        chunks, error = split_chunks(spec, pp, vpp, first, last, ae, al, layout), None
     except LayoutError as exc:
-        comp = np.zeros((pp, 5), dtype=np.int64)
-        comp[0, DENSE] = 1  # placeholder so that downstream arithmetic stays finite
+        chunks = np.zeros((pp, vpp, 5), dtype=np.int64)
+        chunks[0, :, DENSE] = 1  # placeholder so that downstream arithmetic stays finite
         error = str(exc)
+    comp = chunks.sum(axis=1)
+    chunk_act = np.ascontiguousarray(chunks[:, :, list(CHUNK_ACT_COLUMNS)])
+    uneven = (chunk_act != chunk_act[:, :1]).any(axis=(1, 2))
     first_rank: dict[tuple, int] = {}  # lowest rank of each distinct composition
     for r, row in enumerate(map(tuple, comp.tolist())):
-        first_rank.setdefault(row, r)
+        first_rank.setdefault(row + (tuple(chunk_act[r].ravel().tolist()) if uneven[r] else ()), r)
     candidates = np.fromiter(first_rank.values(), dtype=np.intp, count=len(first_rank))
-    comp.flags.writeable = False  # shared between calls
+    for a in (comp, chunk_act, uneven):
+        a.flags.writeable = False  # shared between calls
     if len(_SPLIT_CACHE) >= _SPLIT_CACHE_MAX:
         _SPLIT_CACHE.clear()
-    _SPLIT_CACHE[key] = (comp, error, candidates)
-    return comp, error, candidates
+    _SPLIT_CACHE[key] = hit = (comp, error, candidates, chunk_act, uneven, {})
+    return hit
 
 
 def stage_sets(spec: ModelSpec, batch: ConfigBatch, all_stages: bool = False) -> StageSet:
     uniq, inverse = unique_rows([batch.pp, batch.vpp, batch.first_stage_layers, batch.last_stage_layers,
                                  batch.account_for_embedding.astype(np.int64),
                                  batch.account_for_loss.astype(np.int64), batch.layout_id])
-    per_split: list[tuple[np.ndarray, np.ndarray]] = []
+    per_split: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     split_comps: list[np.ndarray] = []
+    split_chunk_acts: list[np.ndarray] = []
+    split_unevens: list[np.ndarray] = []
+    split_replay_caches: list[dict] = []
     errors: list[str | None] = []
     spec_key = spec.model_dump_json()
     for pp, vpp, first, last, ae, al, lid in uniq.tolist():
         layout = batch.layouts[lid] if lid != NO_VALUE else None
-        comp, error, candidates = _split_cached(spec_key, spec, pp, vpp, first, last, bool(ae), bool(al), layout)
+        comp, error, candidates, chunk_act, uneven, replay_cache = _split_cached(spec_key, spec, pp, vpp, first, last,
+                                                                   bool(ae), bool(al), layout)
         errors.append(error)
         split_comps.append(comp)
+        split_chunk_acts.append(chunk_act)
+        split_unevens.append(uneven & (error is None))
+        split_replay_caches.append(replay_cache)
         ranks = np.arange(pp) if all_stages else candidates
-        per_split.append((comp[ranks], ranks))
-    K = max(len(r) for _, r in per_split)
+        # an impossible split's placeholder chunks are not a schedule worth replaying
+        per_split.append((comp[ranks], ranks, chunk_act[ranks], uneven[ranks] & (error is None)))
+    K = max(len(p[1]) for p in per_split)
+    V = max(p[2].shape[1] for p in per_split)
     comp_tab = np.zeros((len(per_split), K, 5), dtype=np.int64)
     rank_tab = np.zeros((len(per_split), K), dtype=np.int64)
-    for i, (comp, ranks) in enumerate(per_split):
-        pad = K - len(ranks)  # repeat the last stage: duplicates change neither max nor argmax
-        comp_tab[i] = np.concatenate([comp, np.repeat(comp[-1:], pad, axis=0)])
-        rank_tab[i] = np.concatenate([ranks, np.repeat(ranks[-1:], pad)])
+    chunk_tab = np.zeros((len(per_split), K, V, len(CHUNK_ACT_COLUMNS)), dtype=np.int64)
+    uneven_tab = np.zeros((len(per_split), K), dtype=bool)
+    for i, (comp, ranks, chunk_act, uneven) in enumerate(per_split):
+        # repeat the last stage: duplicates change neither max nor argmax
+        fill = np.minimum(np.arange(K), len(ranks) - 1)
+        comp_tab[i] = comp[fill]
+        rank_tab[i] = ranks[fill]
+        chunk_tab[i, :, :chunk_act.shape[1]] = chunk_act[fill]
+        uneven_tab[i] = uneven[fill]
     valid_split = np.array([e is None for e in errors])
     return _TableStageSet(comp=None, rank=None, valid=valid_split[inverse],
                           errors=errors, split_index=inverse, split_comps=split_comps,
                           split_comp_table=comp_tab, split_rank_table=rank_tab,
-                          split_stage_count=np.array([len(r) for _, r in per_split], dtype=np.int64))
+                          split_stage_count=np.array([len(p[1]) for p in per_split], dtype=np.int64),
+                          split_chunk_table=chunk_tab, split_uneven_table=uneven_tab,
+                          split_chunk_acts=split_chunk_acts, split_unevens=split_unevens,
+                          split_replay_caches=split_replay_caches)
 
 
 def microbatches_in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, rank: np.ndarray) -> np.ndarray:
@@ -304,6 +348,8 @@ def microbatches_in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, rank:
     1F1B (Narayanan et al. SC21 §2.2): rank r holds min(pp − r, m) micro-batches. Interleaved 1F1B:
     Megatron-Core warms up min((pp − r − 1)·2 + (vpp − 1)·pp, m·vpp) chunk micro-batches, then holds
     one more; each chunk is 1/vpp of the stage. Without pipelining, one micro-batch at a time.
+    Exact when the rank's chunks store equal bytes; otherwise see ``replay_peak_activation_bytes``
+    (the two agree on equal chunks).
     """
     pp, vpp, m = pp[:, None], vpp[:, None], m[:, None]
     one_f_one_b = np.minimum(pp - rank, m)
@@ -311,6 +357,145 @@ def microbatches_in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, rank:
     interleaved = chunks / vpp
     held = np.where(vpp > 1, interleaved, one_f_one_b)
     return np.where(pp > 1, held, 1.0).astype(np.float64)
+
+
+def rank_in_flight_layers(pp: int, vpp: int, m: int, chunk_layers: np.ndarray,
+                          uneven: np.ndarray) -> np.ndarray:
+    """``in_flight_layers`` of every rank whose chunks are ``uneven``, stacked and zero-padded to an
+    array (pp, Q, C) (ranks with even chunks: zeros, as the closed form serves them)."""
+    rows = {r: in_flight_layers(pp, vpp, m, r, chunk_layers[r]) for r in np.flatnonzero(uneven).tolist()}
+    Q = max((len(t) for t in rows.values()), default=1)
+    out = np.zeros((pp, Q, chunk_layers.shape[2]))
+    for r, t in rows.items():
+        out[r, :len(t)] = t
+    out.flags.writeable = False
+    return out
+
+
+def schedule_order(pp: int, vpp: int, m: int, rank: int) -> tuple[int, list[int], list[int]]:
+    """Rank ``rank``'s 1F1B schedule as Megatron-Core runs it: (warm-up forwards W, the model chunk of
+    each forward in order, the model chunk of each backward in order), m·vpp of each.
+
+    The rank runs forwards 0..W−1, then for k = 0, 1, ...: forward W + k, backward k, then the
+    remaining backwards (``forward_backward_pipelining_with_interleaving`` /
+    ``_without_interleaving`` in megatron/core/pipeline_parallel/schedules.py). Interleaved (vpp > 1):
+    W = min((pp − rank − 1)·2 + (vpp − 1)·g, m·vpp) with the micro-batch group g = pp (Megatron's
+    ``microbatch_group_size_per_vp_stage`` default); forward i runs the chunk of entry i of
+    ``get_schedule_table`` (each group of g micro-batches through chunk 0, then chunk 1, ...; the last
+    group takes every micro-batch left), backward i the chunk vpp − 1 − that. Without interleaving
+    W = min(pp − rank − 1, m) and every pass is chunk 0; without pipelining (pp = 1) W = 0.
+    """
+    if vpp <= 1:
+        warmup = min(max(pp - rank - 1, 0), m)
+        return warmup, [0] * m, [0] * m
+    g = pp
+    table: list[int] = []
+    for start in range(0, m, g):
+        size = m - start if start + g >= m else g
+        for chunk in range(vpp):
+            table += [chunk] * size
+    warmup = min((pp - rank - 1) * 2 + (vpp - 1) * g, m * vpp)
+    return warmup, table, [vpp - 1 - c for c in table]
+
+
+_ALIVE_CACHE: dict[tuple[int, int, int, int], np.ndarray] = {}
+_ALIVE_CACHE_MAX = 4096
+
+
+def alive_counts(pp: int, vpp: int, m: int, rank: int) -> np.ndarray:
+    """Micro-batches of each model chunk whose activations rank ``rank`` holds, at every moment that
+    can be a peak (right after a forward), reduced to the maximal ones: an int array (Q, vpp), whose
+    row q times the chunks' activation bytes of one micro-batch is the bytes held at that moment.
+
+    A forward of (chunk, micro-batch) stores its activations until its backward frees them. Rows
+    dominated by another row (no larger anywhere) are dropped: they can never be the peak for
+    non-negative chunk sizes. Pure and remembered per (pp, vpp, m, rank)."""
+    key = (int(pp), int(vpp), int(m), int(rank))
+    hit = _ALIVE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    pp, vpp, m, rank = key
+    m = max(m, 1)
+    warmup, fwd, bwd = schedule_order(pp, vpp, m, rank)
+    eye = np.eye(vpp, dtype=np.int64)
+    started = np.cumsum(eye[fwd], axis=0)  # row i: forwards 0..i done
+    freed = np.cumsum(eye[bwd], axis=0)  # row k: backwards 0..k done
+    # after forward i: backwards 0..i − W − 1 done (none during the warm-up)
+    done = np.arange(len(fwd)) - warmup
+    states = started - np.where(done[:, None] > 0, freed[np.maximum(done - 1, 0)], 0)
+    result = _maximal_rows(states)
+    result.flags.writeable = False
+    if len(_ALIVE_CACHE) >= _ALIVE_CACHE_MAX:
+        _ALIVE_CACHE.clear()
+    _ALIVE_CACHE[key] = result
+    return result
+
+
+def replay_peak_activation_bytes(pp: int, vpp: int, m: int, rank: int, chunk_bytes) -> float:
+    """Peak stored activation bytes of pipeline rank ``rank`` over one step, replaying Megatron-Core's
+    1F1B schedule (``schedule_order``): the maximum over time of the sum, over the (chunk, micro-batch)
+    pairs whose forward has run and whose backward has not, of that chunk's bytes.
+
+    ``chunk_bytes``: for each of the rank's vpp model chunks (chunk k is virtual stage k·pp + rank),
+    the activation bytes one micro-batch stores in it. ``m``: micro-batches per step. With equal
+    chunks this is ``microbatches_in_flight`` times the stage's bytes of one micro-batch."""
+    counts = alive_counts(pp, vpp, m, rank)
+    return float((counts @ np.asarray(chunk_bytes, dtype=np.float64)).max())
+
+
+def _maximal_rows(rows: np.ndarray) -> np.ndarray:
+    """The distinct rows of ``rows`` that no other row dominates (≥ everywhere, > somewhere)."""
+    rows = np.unique(rows, axis=0)
+    keep = [q for q in range(len(rows))
+            if not ((rows >= rows[q]).all(axis=1) & (rows != rows[q]).any(axis=1)).any()]
+    return rows[keep]
+
+
+def _hull_rows(rows: np.ndarray) -> np.ndarray:
+    """The rows of ``rows`` that can be the maximum of ``rows @ w`` for some w ≥ 0: the maximal rows,
+    and with two varying columns only those on the upper-right convex hull (a row under the segment
+    between two others never wins). With one varying column, the one largest row."""
+    rows = _maximal_rows(rows)
+    varying = np.flatnonzero(rows.max(axis=0) != rows.min(axis=0))
+    if len(varying) == 0:
+        return rows[:1]
+    if len(varying) == 1:
+        return rows[[int(rows[:, varying[0]].argmax())]]
+    if len(varying) > 2:
+        return rows
+    x, y = rows[:, varying[0]], rows[:, varying[1]]
+    order = np.lexsort((-y, x))  # x ascending; among maximal rows y then descends
+    hull: list[int] = []
+    for i in order.tolist():
+        while len(hull) >= 2:
+            o, a = hull[-2], hull[-1]
+            cross = (x[a] - x[o]) * (y[i] - y[o]) - (y[a] - y[o]) * (x[i] - x[o])
+            if cross < 0:
+                break
+            hull.pop()  # a is on or under the segment o -> i
+        hull.append(i)
+    return rows[hull]
+
+
+_LAYERS_CACHE: dict[tuple, np.ndarray] = {}
+
+
+def in_flight_layers(pp: int, vpp: int, m: int, rank: int, chunk_layers: np.ndarray) -> np.ndarray:
+    """``alive_counts`` in layers: for each maximal in-flight moment of rank ``rank``, the layers of
+    each kind whose activations of one micro-batch are held, summed over the (chunk, micro-batch)
+    pairs alive; an array (Q, C) from ``chunk_layers`` (vpp, C), the layers of each kind per chunk
+    (C kinds, e.g. ``CHUNK_ACT_COLUMNS``). The peak bytes are max over rows of (row · bytes of one
+    layer of each kind) when a chunk's bytes are its layers' sum. Pure, remembered per argument."""
+    chunk_layers = np.asarray(chunk_layers, dtype=np.int64)
+    key = (int(pp), int(vpp), max(int(m), 1), int(rank), chunk_layers.shape, chunk_layers.tobytes())
+    hit = _LAYERS_CACHE.get(key)
+    if hit is None:
+        hit = _hull_rows(alive_counts(pp, vpp, m, rank) @ chunk_layers)
+        hit.flags.writeable = False
+        if len(_LAYERS_CACHE) >= _ALIVE_CACHE_MAX:
+            _LAYERS_CACHE.clear()
+        _LAYERS_CACHE[key] = hit
+    return hit
 
 
 def bubble_s(pp: np.ndarray, vpp: np.ndarray, stage_microbatch_s: np.ndarray) -> np.ndarray:
