@@ -21,9 +21,9 @@ selective recompute modules all (``--recompute-modules``)          core_attn, la
 full recompute, N per stage ``block`` with N / vpp per chunk when as Megatron, or N per pipeline rank
                             that recomputes N layers per stage    (``--enable-recompute-layers-per-pp-rank``)
 pipeline split              every split (flags or layout string)  every split (no-op padding, else layout)
-EP dispatch                 flat ``alltoall``; hierarchical       flat ``alltoall``; no hierarchical
+EP dispatch (searched)      flat ``alltoall``; hierarchical       flat ``alltoall``; no hierarchical
                             ``flex`` + DeepEP                     all-to-all (when EP leaves the node)
-CP algorithm                ``--cp-comm-type`` (all four)         ``--context-parallel-algo`` (all four)
+CP algorithm (searched)     ``--cp-comm-type`` (all four)         ``--context-parallel-algo`` (all four)
 TP overlap                  ``--tp-comm-overlap``                 ``--use-ascend-mc2`` (not with the
                                                                   all-to-all overlap, not with fp8)
 EP all-to-all overlap       not with full recompute, the moe      ``--moe-alltoall-overlap-comm`` (not
@@ -83,6 +83,36 @@ FIELDS = {
     "main_params_dtype": "_optimizer_dtypes", "exp_avg_dtype": "_optimizer_dtypes",
     "exp_avg_sq_dtype": "_optimizer_dtypes", "data_parallel_sharding_strategy": "_sharding",
 }
+
+
+# The values of the searched communication algorithms each framework can launch: the search offers only
+# these (search/space.py), and express refuses any other where it matters (_moe, _context_parallel).
+#
+# moe_a2a_algorithm: Megatron-LM's flat dispatch is --moe-token-dispatcher-type alltoall, hierarchical
+# (one copy per destination node, then the fan-out inside it) is the flex dispatcher with DeepEP
+# (67f3515c arguments.py: --moe-token-dispatcher-type {allgather,alltoall,flex}, --moe-flex-dispatcher-
+# backend {deepep,hybridep}, --moe-enable-deepep deprecated for it; HEAD d98e8a64 transformer_config.py
+# accepts overlap_moe_expert_parallel_comm with alltoall or flex). MindSpeed has no hierarchical
+# all-to-all flag on the line MindSpeed-LLM runs: --moe-hierarchical-alltoallv is registered
+# (add_argument in mindspeed/arguments.py) only on MindSpeed's core_r0.8.0 branches (core_r0.8.0
+# 46f6ca8c, 2.1.0_core_r0.8.0 1e898a29); on 2.1.0 … 26.1.0_core_r0.12.1 (5a9ee296, a654440c, 674226a1,
+# 3c44c134, 57a33053) and master 028de58c it is only read by getattr in incompatibility checks
+# (features_manager/moe/fb_overlap.py) and MindSpeed-LLM c77308a1 registers none, so argparse would
+# reject it: MindSpeed-LLM plans flat.
+# cp_comm_type: Megatron-LM --cp-comm-type p2p|a2a|allgather|a2a+p2p (67f3515c arguments.py, with
+# --hierarchical-context-parallel-sizes); MindSpeed-LLM --context-parallel-algo (MINDSPEED_CP_ALGO below).
+ALGORITHMS = {
+    "megatron": {"moe_a2a_algorithm": ("flat", "hierarchical"), "cp_comm_type": ("p2p", "a2a", "allgather", "a2a+p2p")},
+    "mindspeed": {"moe_a2a_algorithm": ("flat",), "cp_comm_type": ("p2p", "a2a", "allgather", "a2a+p2p")},
+}
+
+
+def algorithm_values(framework: str | None, name: str) -> tuple[str, ...]:
+    """The values of ``name`` (``moe_a2a_algorithm`` or ``cp_comm_type``) that ``framework`` can launch
+    (every value the cost model prices without a framework)."""
+    if framework is None:
+        return tuple(dict.fromkeys(v for table in ALGORITHMS.values() for v in table[name]))
+    return ALGORITHMS[framework][name]
 
 
 def default_framework(profile_name: str) -> str:
@@ -510,6 +540,10 @@ def _context_parallel(cfg: TrainingConfig, spec: ModelSpec, ms: bool,
                                                               "scale-up domain, which is unknown here")]
     kind = {1: "p2p", cfg.cp: "a2a"}.get(u, "a2a+p2p") if cfg.cp_comm_type != "allgather" else "allgather"
     bad = []
+    if kind not in ALGORITHMS["mindspeed" if ms else "megatron"]["cp_comm_type"]:
+        bad.append(Refusal("cp_comm_type", cfg.cp_comm_type, f"{LABELS['mindspeed' if ms else 'megatron']} "
+                                                             f"has no {kind} context parallelism"))
+        return [], bad
     if u > 1 and spec.num_attention_heads % (u * cfg.tp):
         # MindSpeed ulysses/hybrid: "num_attention_heads must be divisible by ... * tensor_model_parallel_size"
         bad.append(Refusal("cp_comm_type", cfg.cp_comm_type, f"Ulysses over {u} ranks needs the attention "
@@ -548,16 +582,12 @@ def _moe(cfg: TrainingConfig, spec: ModelSpec, ms: bool,
     hierarchical = cfg.moe_a2a_algorithm == "hierarchical" and ep_leaves_domain(cfg, scale_up_domain)
     if not hierarchical:
         args = ["--moe-token-dispatcher-type", "alltoall"]
-    elif ms:
-        # MindSpeed had --moe-hierarchical-alltoallv only on its core_r0.8.0 line (v2.1.0_core_r0.8.0,
-        # 077c41370332460fbf749ea94fe1a994f367f4bf, mindspeed/arguments.py); the core_r0.12.1 line and master
-        # that MindSpeed-LLM runs on have no hierarchical all-to-all flag
+    elif "hierarchical" not in ALGORITHMS["mindspeed" if ms else "megatron"]["moe_a2a_algorithm"]:
         args = ["--moe-token-dispatcher-type", "alltoall"]
         bad.append(Refusal("moe_a2a_algorithm", "hierarchical", "MindSpeed-LLM has no hierarchical all-to-all "
                            "and this expert-parallel group leaves the scale-up domain (plan flat)"))
     else:
-        # DeepEP's normal kernels send a token once per node: 67f3515c arguments.py --moe-token-dispatcher-type
-        # flex with --moe-flex-dispatcher-backend deepep (--moe-enable-deepep is deprecated for it)
+        # DeepEP's normal kernels send a token once per node (ALGORITHMS above)
         args = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
     args.append("--moe-grouped-gemm")
     if cfg.moe_a2a_overlap:

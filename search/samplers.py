@@ -24,7 +24,7 @@ import optuna
 from costmodel import evaluate_batch
 
 from .exhaustive import LAYOUT_FIELDS, ProgressFn, Ranked, _rank_order, layout_firsts
-from .space import SearchSpace
+from .space import CP_COMM_CODES, CP_COMM_NAMES, SearchSpace
 from .storages import TrialHeartbeat, fail_stale_trials, open_rdb_storage, reservation_lock
 
 SAMPLERS = ("tpe", "nsga2", "random")
@@ -56,28 +56,37 @@ LAYOUT_KEYS = ("tp", "cp", "pp", "ep", "etp")
 
 def suggest(trial: optuna.trial.Trial, space: SearchSpace) -> dict:
     """One parallel layout, conditional parameters only where they apply (vpp and the split with
-    pp > 1, expert sizes for MoE models)."""
+    pp > 1, expert sizes for MoE models, the dispatch algorithm where the EP group leaves the scale-up
+    domain, the CP algorithm with cp > 1)."""
     v = space.values
     c = {key: trial.suggest_categorical(key, v[key]) for key in LAYOUT_KEYS if len(v[key]) > 1}
     c.update({key: v[key][0] for key in LAYOUT_KEYS if len(v[key]) == 1})
     c["vpp"] = trial.suggest_categorical("vpp", v["vpp"]) if c["pp"] > 1 and len(v["vpp"]) > 1 else (
         v["vpp"][0] if c["pp"] > 1 else 1)
     c["split"] = trial.suggest_categorical("split", v["split"]) if c["pp"] > 1 and len(v["split"]) > 1 else v["split"][0]
+    for key, matters in (("moe_a2a_algorithm", bool(space.ep_leaves_domain(c["ep"], c["etp"]))),
+                         ("cp_comm_type", c["cp"] > 1)):
+        c[key] = trial.suggest_categorical(key, v[key]) if matters and len(v[key]) > 1 else space.resting(key)
     return c
 
 
 def nearest_valid(space: SearchSpace, layout: dict) -> dict:
     """Repair a suggested layout to the closest one the space holds (log2 distance per size, a
-    different split counts half a doubling): samplers then spend no trial on invalid combinations,
-    and TPE still learns from what it suggested."""
+    different split counts half a doubling, a different algorithm a quarter): samplers then spend no
+    trial on invalid combinations, and TPE still learns from what it suggested."""
     table = space.layout_table()
     dist = np.zeros(len(table["tp"]))
     for key in ("tp", "cp", "pp", "vpp", "ep", "etp"):
         dist += np.abs(np.log2(table[key]) - np.log2(layout[key]))
     dist += 0.5 * (table["split"] != space.values["split"].index(layout["split"]))
+    dist += 0.25 * (table["moe_a2a_hierarchical"] != (layout["moe_a2a_algorithm"] == "hierarchical"))
+    dist += 0.25 * (table["cp_comm"] != CP_COMM_CODES[layout["cp_comm_type"]])
     i = int(np.argmin(dist))
-    return {key: (space.values["split"][int(table[key][i])] if key == "split" else int(table[key][i]))
-            for key in ("tp", "cp", "pp", "vpp", "ep", "etp", "split")}
+    out = {key: (space.values["split"][int(table[key][i])] if key == "split" else int(table[key][i]))
+           for key in ("tp", "cp", "pp", "vpp", "ep", "etp", "split")}
+    out["moe_a2a_algorithm"] = "hierarchical" if table["moe_a2a_hierarchical"][i] else "flat"
+    out["cp_comm_type"] = CP_COMM_NAMES[int(table["cp_comm"][i])]
+    return out
 
 
 def expand(space: SearchSpace, layout: dict) -> list[dict]:

@@ -11,6 +11,12 @@ Dimensions and the values offered (``docs/search.md`` is the user-facing copy):
   middle stage the same number of layers (vpp = 1).
 * ``recompute``: none; selective with one of ``SELECTIVE_SETS`` (the modules the model has);
   full with ``recompute_num_layers`` all, 1, 2 or 4 per stage.
+* ``moe_a2a_algorithm`` (flat, hierarchical) where the expert-parallel group leaves the scale-up domain
+  (ep > domain / etp; inside one domain the two price the same, so such layouts hold one value, the
+  config default); ``cp_comm_type`` (p2p, a2a, allgather, a2a+p2p) with cp > 1, where a2a+p2p is
+  offered only when its Ulysses part is neither 1 nor cp (else it equals p2p or a2a) and the Ulysses
+  variants only with the attention heads divisible by Ulysses·tp (both frameworks require it). Both
+  restricted to the values the framework can launch (``frameworks.ALGORITHMS``).
 * ``distributed_optimizer``, ``tp_comm_overlap`` (tp > 1), ``moe_a2a_overlap`` (ep > 1) and
   ``sequence_parallel`` (tp > 1) are on. Their off values are dominated in the cost model: the
   distributed optimizer moves less data-parallel traffic (a reduce-scatter plus a bf16 all-gather
@@ -22,8 +28,9 @@ Dimensions and the values offered (``docs/search.md`` is the user-facing copy):
 
 * with a ``framework`` (``search.frameworks``), only the configs it can express: an overlap's off value
   is offered where the framework cannot combine the overlap with the rest of the option (an off value
-  is dominated only by an on value the framework can run), and the fields the search does not vary
-  (``CONSTANT_FIELDS``) hold the pinned value or the framework's (flat dispatch on MindSpeed-LLM).
+  is dominated only by an on value the framework can run), the algorithms only the values it can launch
+  (``frameworks.ALGORITHMS``: flat dispatch on MindSpeed-LLM), and the fields the search does not vary
+  (``CONSTANT_FIELDS``) hold the pinned value.
 
 Every offered config passes the cost model's validity rules (the same code checks both), and dp
 follows from the device count. ``fixed`` pins any config field to one value.
@@ -67,7 +74,12 @@ SELECTIVE_SETS = (
     ("layernorm", "moe"),
     ("layernorm", "mla_up_proj", "moe"),
 )
-PARALLEL_KEYS = ("tp", "cp", "pp", "vpp", "split", "ep", "etp", "micro_batch_size")
+PARALLEL_KEYS = ("tp", "cp", "pp", "vpp", "split", "ep", "etp", "micro_batch_size", "moe_a2a_algorithm", "cp_comm_type")
+# The communication algorithms searched as layout dimensions, with the config field's default (the value
+# a layout holds where the algorithm makes no difference).
+ALGORITHM_DEFAULTS = {"moe_a2a_algorithm": TrainingConfig.model_fields["moe_a2a_algorithm"].default,
+                      "cp_comm_type": TrainingConfig.model_fields["cp_comm_type"].default}
+CP_COMM_NAMES = {code: name for name, code in CP_COMM_CODES.items()}
 OPTION_KEYS = ("recompute", "distributed_optimizer", "tp_comm_overlap", "moe_a2a_overlap")
 
 
@@ -144,9 +156,11 @@ class SearchSpace:
                 split[p["account_for_embedding"]] = names.index(SPLIT_SLOTS)
             if SPLIT_FIRST_LAST in names:
                 split[p["first_stage_layers"] != NO_VALUE] = names.index(SPLIT_FIRST_LAST)
-            keys = np.stack([p["tp"], p["cp"], p["pp"], p["vpp"], p["ep"], p["etp"], split], axis=1)
+            keys = np.stack([p["tp"], p["cp"], p["pp"], p["vpp"], p["ep"], p["etp"], split,
+                             p["moe_a2a_hierarchical"].astype(np.int64), p["cp_comm"]], axis=1)
             uniq = np.unique(keys, axis=0)
-            self._layouts_cache = dict(zip(("tp", "cp", "pp", "vpp", "ep", "etp", "split"), uniq.T))
+            self._layouts_cache = dict(zip(("tp", "cp", "pp", "vpp", "ep", "etp", "split", "moe_a2a_hierarchical",
+                                            "cp_comm"), uniq.T))
         return self._layouts_cache
 
     # ---- size and enumeration ----------------------------------------------------------------
@@ -156,8 +170,20 @@ class SearchSpace:
             self._mask_cache = (self.parallel, self.allowed(self.parallel))
         return self._mask_cache[1]
 
+    def resting(self, name: str) -> str:
+        """The value of a searched algorithm (``ALGORITHM_DEFAULTS``) that layouts hold where it makes no
+        difference: the config default if the space offers it, else the first value offered."""
+        vals = self.values[name]
+        return ALGORITHM_DEFAULTS[name] if ALGORITHM_DEFAULTS[name] in vals else vals[0]
+
+    def ep_leaves_domain(self, ep, etp) -> np.ndarray:
+        """Whether EP groups of ``ep`` ranks ``etp`` apart span several scale-up domains (vectorised
+        ``frameworks.ep_leaves_domain``; only then flat and hierarchical dispatch differ)."""
+        return np.asarray(ep) > np.maximum(self._domain() // np.asarray(etp), 1)
+
     def layout_options(self, layout: dict) -> np.ndarray:
-        """The options one layout (tp, cp, pp, vpp, ep, etp, split: a sampler's choice) offers, as a mask."""
+        """The options one layout (tp, cp, pp, vpp, ep, etp, split and the algorithms: a sampler's
+        choice) offers, as a mask."""
         par, _, _ = self.choice_columns([{**layout, "micro_batch_size": 1, "option": 0}])
         return self.allowed(par)[0]
 
@@ -190,7 +216,8 @@ class SearchSpace:
     def expressible(self, par: dict[str, np.ndarray]) -> np.ndarray:
         """(configs, options) mask of what ``framework`` can express (all True without one). The rules of
         ``search.frameworks`` are scored on representative configs at pp = 1: per distinct (tp, ep, etp)
-        and option with cp = 1, per distinct (tp, cp, ep, etp) with no recompute and no overlap; and the
+        and option with cp = 1 and flat dispatch (no option rule reads the algorithms), per distinct (tp,
+        cp, ep, etp, dispatch, CP algorithm) with no recompute and no overlap; and the
         split rules per distinct split and option (``split_refusals`` says no other rule reads the split
         or fires at pp = 1, and no rule reads cp together with an option)."""
         n = len(par["tp"])
@@ -198,7 +225,7 @@ class SearchSpace:
             return np.ones((n, len(self.options)), dtype=bool)
         col = lambda *keys: np.stack([np.asarray(par[k]).astype(np.int64) for k in keys], axis=1)  # noqa: E731
         out = self._rows(col("tp", "ep", "etp"), "options", self._options_row)
-        out &= self._rows(col("tp", "cp", "ep", "etp"), "layout", self._layout_row)
+        out &= self._rows(col("tp", "cp", "ep", "etp", "moe_a2a_hierarchical", "cp_comm"), "layout", self._layout_row)
         split_keys = ("pp", "vpp", "first_stage_layers", "last_stage_layers", "account_for_embedding",
                       "account_for_loss", "layout_id")
         return out & self._rows(col(*split_keys), "split", self._split_row)
@@ -235,13 +262,15 @@ class SearchSpace:
         return int(self.profile.fact("scale_up_domain"))
 
     def _options_row(self, tp: int, ep: int, etp: int) -> np.ndarray:
-        return np.array([not frameworks.refusals(self._probe(tp=tp, ep=ep, etp=etp, **self._option_fields(o)),
+        return np.array([not frameworks.refusals(self._probe(tp=tp, ep=ep, etp=etp, moe_a2a_algorithm="flat",
+                                                             **self._option_fields(o)),
                                                  self.spec, self.framework, self._domain())
                          for o in range(len(self.options))])
 
-    def _layout_row(self, tp: int, cp: int, ep: int, etp: int) -> bool:
-        return not frameworks.refusals(self._probe(tp=tp, cp=cp, ep=ep, etp=etp), self.spec, self.framework,
-                                       self._domain())
+    def _layout_row(self, tp: int, cp: int, ep: int, etp: int, hierarchical: int, cp_comm: int) -> bool:
+        cfg = self._probe(tp=tp, cp=cp, ep=ep, etp=etp, moe_a2a_algorithm="hierarchical" if hierarchical else "flat",
+                          cp_comm_type=CP_COMM_NAMES[cp_comm])
+        return not frameworks.refusals(cfg, self.spec, self.framework, self._domain())
 
     def _split_row(self, pp, vpp, first, last, acc_emb, acc_loss, layout_id) -> np.ndarray:
         split = {"pp": pp, "vpp": vpp, "account_for_embedding_in_pipeline_split": bool(acc_emb),
@@ -293,15 +322,12 @@ class SearchSpace:
             layout_id=par["layout_id"], precision=const(PRECISION_CODES[self.precision]),
             moe_a2a_overlap=o["moe_a2a_overlap"],
             moe_load_imbalance=const(self.moe_load_imbalance, np.float64), layouts=self.layouts,
-            **self._constant_columns(n))
+            moe_a2a_hierarchical=np.asarray(par["moe_a2a_hierarchical"], dtype=bool),
+            cp_comm=np.asarray(par["cp_comm"], dtype=np.int64), **self._constant_columns(n))
 
     def _constant_columns(self, n: int) -> dict[str, np.ndarray]:
         """The batch columns of the per-search constants (``constants``; each column's default otherwise)."""
         c, out = self.constants, {}
-        if "moe_a2a_algorithm" in c:
-            out["moe_a2a_hierarchical"] = np.full(n, c["moe_a2a_algorithm"] == "hierarchical")
-        if "cp_comm_type" in c:
-            out["cp_comm"] = np.full(n, CP_COMM_CODES[c["cp_comm_type"]], dtype=np.int64)
         for key in ("main_grads", "main_params", "exp_avg", "exp_avg_sq"):
             if f"{key}_dtype" in c:
                 out[f"{key}_bytes"] = np.full(n, DTYPE_BYTES[c[f"{key}_dtype"]], dtype=np.float64)
@@ -336,6 +362,11 @@ class SearchSpace:
                "overlap_param_gather": self.fixed.get("overlap_param_gather", True),
                "precision": self.precision, "moe_a2a_overlap": bool(a2a),
                "moe_load_imbalance": self.moe_load_imbalance, **self.constants}
+        # the searched algorithms: stated for MoE models (the dispatch) and with cp > 1, or when pinned
+        if self.spec.is_moe or "moe_a2a_algorithm" in self.fixed:
+            cfg["moe_a2a_algorithm"] = "hierarchical" if p["moe_a2a_hierarchical"] else "flat"
+        if p["cp"] > 1 or "cp_comm_type" in self.fixed:
+            cfg["cp_comm_type"] = CP_COMM_NAMES[int(p["cp_comm"])]
         if p["layout_id"] != NO_VALUE:
             cfg["pipeline_layout"] = self.layouts[p["layout_id"]]
         if p["first_stage_layers"] != NO_VALUE:
@@ -367,6 +398,10 @@ class SearchSpace:
         par["account_for_loss"] = np.array(
             [f.get("account_for_loss_in_pipeline_split", False) for f in splits], dtype=bool)
         par["layout_id"] = np.array([0 if "pipeline_layout" in f else NO_VALUE for f in splits], dtype=np.int64)
+        a2a, cpc = self.resting("moe_a2a_algorithm"), self.resting("cp_comm_type")
+        par["moe_a2a_hierarchical"] = np.array([c.get("moe_a2a_algorithm", a2a) == "hierarchical" for c in choices],
+                                               dtype=bool)
+        par["cp_comm"] = np.array([CP_COMM_CODES[c.get("cp_comm_type", cpc)] for c in choices], dtype=np.int64)
         opts = np.array([c["option"] for c in choices], dtype=np.int64)
         return par, opts, split_ok
 
@@ -408,7 +443,8 @@ def _split_fields(spec: ModelSpec, pp: int, vpp: int, mode: str) -> dict | None:
     return None
 
 
-def _values(spec: ModelSpec, profile: ClusterProfile, devices: int, allow_cross_domain_tp: bool) -> dict[str, list]:
+def _values(spec: ModelSpec, profile: ClusterProfile, devices: int, allow_cross_domain_tp: bool,
+            framework: str | None = None) -> dict[str, list]:
     domain = int(profile.fact("scale_up_domain"))
     tp_cap = devices if allow_cross_domain_tp else domain
     tp = [d for d in divisors(math.gcd(spec.num_attention_heads, spec.query_groups)) if d <= tp_cap]
@@ -421,7 +457,10 @@ def _values(spec: ModelSpec, profile: ClusterProfile, devices: int, allow_cross_
     recompute = ([RecomputeOption("none")]
                  + [RecomputeOption("selective", s) for s in SELECTIVE_SETS if set(s) <= have]
                  + [RecomputeOption("full", None, n) for n in FULL_RECOMPUTE_LAYERS])
+    a2a = list(frameworks.algorithm_values(framework, "moe_a2a_algorithm")) if spec.is_moe else [
+        ALGORITHM_DEFAULTS["moe_a2a_algorithm"]]
     return {"tp": tp, "cp": cp, "pp": pp, "vpp": vpp, "ep": ep, "etp": etp,
+            "moe_a2a_algorithm": a2a, "cp_comm_type": list(frameworks.algorithm_values(framework, "cp_comm_type")),
             "micro_batch_size": list(MBS_VALUES),
             "split": [SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST],
             "recompute": recompute, "distributed_optimizer": [True],
@@ -431,7 +470,7 @@ def _values(spec: ModelSpec, profile: ClusterProfile, devices: int, allow_cross_
 def _apply_fixed(values: dict[str, list], fixed: dict) -> dict[str, list]:
     values = dict(values)
     for key in ("tp", "cp", "pp", "vpp", "ep", "etp", "micro_batch_size", "distributed_optimizer",
-                "tp_comm_overlap", "moe_a2a_overlap"):
+                "tp_comm_overlap", "moe_a2a_overlap", "moe_a2a_algorithm", "cp_comm_type"):
         if key in fixed:
             values[key] = [fixed[key]]
     if any(k in fixed for k in ("recompute", "recompute_modules", "recompute_num_layers")):
@@ -462,7 +501,7 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
     fixed = dict(fixed or {})
     constants = _constants(spec, fixed, framework)
     imbalance = DEFAULT_MOE_LOAD_IMBALANCE if moe_load_imbalance is None else moe_load_imbalance
-    values = _apply_fixed(_values(spec, profile, devices, allow_cross_domain_tp), fixed)
+    values = _apply_fixed(_values(spec, profile, devices, allow_cross_domain_tp, framework), fixed)
     for key, vals in values.items():
         if not vals:
             raise SpaceError(f"fix.{key}" if key in fixed else key, "no value is left for this dimension")
@@ -500,6 +539,8 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
         "account_for_loss": field_col("account_for_loss_in_pipeline_split", False).astype(bool),
         "layout_id": np.where(field_col("pipeline_layout", "") != "", 0, NO_VALUE).astype(np.int64)
         if layouts else np.full(len(g), NO_VALUE, dtype=np.int64),
+        # the algorithms' resting values; _with_algorithms adds the others where they matter
+        "moe_a2a_hierarchical": np.zeros(len(g), dtype=bool), "cp_comm": np.zeros(len(g), dtype=np.int64),
     }
     options = [(r, d, t, a) for r, d, t, a in product(values["recompute"], values["distributed_optimizer"],
                                                          values["tp_comm_overlap"], values["moe_a2a_overlap"])]
@@ -513,7 +554,7 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
     ok = ~broken & stage_sets(spec, probe).valid
     if not allow_cross_domain_tp and "tp" not in fixed:
         ok &= probe.tp <= int(profile.fact("scale_up_domain"))
-    space.parallel = {k: v[ok] for k, v in parallel.items()}
+    space.parallel = _with_algorithms(space, {k: v[ok] for k, v in parallel.items()})
     if framework is not None and ok.any():
         _keep_expressible(space)
     if space.size == 0:
@@ -526,19 +567,52 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
 
 
 # Config fields the search does not vary: one value for the whole search (pinned, or the framework's).
-CONSTANT_FIELDS = ("moe_a2a_algorithm", "cp_comm_type", "main_grads_dtype", "main_params_dtype", "exp_avg_dtype",
-                   "exp_avg_sq_dtype", "data_parallel_sharding_strategy")
+CONSTANT_FIELDS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
+                   "data_parallel_sharding_strategy")
 
 
 def _constants(spec: ModelSpec, fixed: dict, framework: str | None) -> dict:
-    """The pinned constants, and flat dispatch for MoE models on MindSpeed-LLM, which has no hierarchical
-    all-to-all (``search.frameworks``): there the plan is priced as the run will dispatch."""
-    out = {k: fixed[k] for k in CONSTANT_FIELDS if k in fixed}
-    if framework == "mindspeed" and spec.is_moe:
-        if out.get("moe_a2a_algorithm") == "hierarchical":
-            raise SpaceError("fix.moe_a2a_algorithm", "MindSpeed-LLM has no hierarchical all-to-all (inside one "
-                                                      "scale-up domain flat dispatch is the same)")
-        out["moe_a2a_algorithm"] = "flat"
+    """The pinned constants; a pinned algorithm must be one the framework can launch (``frameworks.
+    ALGORITHMS``: e.g. MindSpeed-LLM has no hierarchical all-to-all)."""
+    for name in ALGORITHM_DEFAULTS:
+        if name in fixed and fixed[name] not in frameworks.algorithm_values(framework, name):
+            if name == "moe_a2a_algorithm" and not spec.is_moe:
+                continue  # no dispatch in a dense model
+            raise SpaceError(f"fix.{name}", f"{frameworks.LABELS[framework]} cannot launch {fixed[name]} "
+                                            f"(it offers {', '.join(frameworks.algorithm_values(framework, name))})")
+    return {k: fixed[k] for k in CONSTANT_FIELDS if k in fixed}
+
+
+def _with_algorithms(space: SearchSpace, par: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The layouts ``par`` (algorithm columns at zero) with each searched algorithm value where it makes
+    a difference (see the module docstring): a layout holds the resting value (``SearchSpace.resting``)
+    and, where the algorithm matters, every other value offered. Rows stay grouped by layout."""
+    a2a_rest, cp_rest = space.resting("moe_a2a_algorithm"), space.resting("cp_comm_type")
+    leaves = space.ep_leaves_domain(par["ep"], par["etp"])
+    tp, cp = par["tp"], par["cp"]
+    inside = np.gcd(cp, np.maximum(space._domain() // tp, 1))  # the Ulysses part of a2a+p2p (costmodel/layers.py)
+    heads = space.spec.num_attention_heads
+    rows, hier, comm = [], [], []
+    for a2a, kind in product(space.values["moe_a2a_algorithm"], space.values["cp_comm_type"]):
+        keep = np.ones(len(tp), dtype=bool)
+        if a2a != a2a_rest:
+            keep &= leaves
+        if kind != cp_rest:
+            keep &= cp > 1
+            ulysses = {"a2a": cp, "a2a+p2p": inside}.get(kind)
+            if kind == "a2a+p2p":
+                keep &= (inside > 1) & (inside < cp)  # else it is p2p or a2a
+            if ulysses is not None:
+                keep &= heads % (ulysses * tp) == 0
+        idx = np.flatnonzero(keep)
+        rows.append(idx)
+        hier.append(np.full(len(idx), a2a == "hierarchical"))
+        comm.append(np.full(len(idx), CP_COMM_CODES[kind], dtype=np.int64))
+    idx = np.concatenate(rows)
+    order = np.argsort(idx, kind="stable")
+    out = {k: v[idx[order]] for k, v in par.items()}
+    out["moe_a2a_hierarchical"] = np.concatenate(hier)[order]
+    out["cp_comm"] = np.concatenate(comm)[order]
     return out
 
 

@@ -16,7 +16,7 @@ from app.inputs import load_cluster, load_model
 from app.launch import InexpressibleError, flags, launch_args
 from costmodel import TrainingConfig
 from search import build_space, validate_fixed
-from search.frameworks import FIELDS, FRAMEWORKS, default_framework, express, refusals, stage_tokens
+from search.frameworks import FIELDS, FRAMEWORKS, default_framework, ep_leaves_domain, express, refusals, stage_tokens
 from search.space import SPLIT_FIELDS
 
 
@@ -222,10 +222,18 @@ SPACES = [("tiny-mla-moe", "ascend-910b", 32, 64, {}), ("tiny-moe", "nvidia-h100
           ("tiny-moe", "ascend-910b", 16, 64, {"cp_comm_type": "a2a+p2p", "main_params_dtype": "bf16"})]
 
 
-def _distinct(configs: list[dict]) -> dict[str, dict]:
-    """Configs by everything but the micro-batch size and dp, which no rule reads (always emitted as is)."""
-    return {json.dumps({k: v for k, v in c.items() if k not in ("micro_batch_size", "dp")}, sort_keys=True): c
-            for c in configs}
+def _distinct(configs: list[dict], domain: int) -> dict[str, dict]:
+    """Configs by everything but the micro-batch size and dp, which no rule reads (always emitted as is),
+    and the dispatch (CP) algorithm where the EP group stays inside the scale-up domain (cp = 1), where
+    it makes no difference to the plan or the launch (each space states its own resting value there)."""
+    def key(c: dict) -> str:
+        drop = {"micro_batch_size", "dp"}
+        if not ep_leaves_domain(TrainingConfig.model_validate(c), domain):
+            drop.add("moe_a2a_algorithm")
+        if c.get("cp", 1) == 1:
+            drop.add("cp_comm_type")
+        return json.dumps({k: v for k, v in c.items() if k not in drop}, sort_keys=True)
+    return {key(c): c for c in configs}
 
 
 @pytest.mark.parametrize("model,cluster,devices,gbs,fixed", SPACES)
@@ -238,12 +246,12 @@ def test_a_framework_space_holds_only_what_it_expresses(model, cluster, devices,
     for fw in FRAMEWORKS:
         space = build_space(spec, profile, devices, gbs, fixed=validate_fixed(fixed, gbs), framework=fw)
         rows, opts = np.nonzero(space._option_mask())
-        offered = _distinct([space.config(int(r), int(o)) for r, o in zip(rows, opts)])
+        offered = _distinct([space.config(int(r), int(o)) for r, o in zip(rows, opts)], domain)
         assert space.size > 0
         for cfg in offered.values():
             assert not refusals(TrainingConfig.model_validate(cfg), spec, fw, domain), cfg
         # ... and drops nothing else: what the unrestricted space offers and the framework can express
-        for key, cfg in _distinct([{**c, **space.constants} for c in unrestricted]).items():
+        for key, cfg in _distinct([{**c, **space.constants} for c in unrestricted], domain).items():
             if key not in offered:
                 assert refusals(TrainingConfig.model_validate(cfg), spec, fw, domain), cfg
 

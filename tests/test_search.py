@@ -26,7 +26,7 @@ CANON_FIELDS = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 1, "micro_b
                 "recompute": "none", "recompute_modules": None, "recompute_num_layers": None,
                 "distributed_optimizer": True, "first_stage_layers": None, "last_stage_layers": None,
                 "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
-                "moe_a2a_overlap": False}
+                "moe_a2a_overlap": False, "moe_a2a_algorithm": "hierarchical", "cp_comm_type": "p2p"}
 
 
 def _canon(cfg: dict) -> tuple:
@@ -58,10 +58,28 @@ def _brute_force(spec, profile, devices, gbs) -> set:
     valid = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs(models)).valid
     out = set()
     for lay in itertools.compress(layouts, valid):
-        for rec in recompute:  # the dominated off values of the flags are not offered (docs/search.md)
-            out.add(_canon({**lay, **rec.fields(), "distributed_optimizer": True,
+        for rec, algo in itertools.product(recompute, _algorithms(spec, lay, domain)):
+            # the dominated off values of the flags are not offered (docs/search.md)
+            out.add(_canon({**lay, **rec.fields(), **algo, "distributed_optimizer": True,
                             "tp_comm_overlap": lay["tp"] > 1, "moe_a2a_overlap": lay["ep"] > 1}))
     return out
+
+
+def _algorithms(spec, lay, domain) -> list[dict]:
+    """The documented algorithm values of one layout: both dispatches where the EP group (ep ranks etp
+    apart) spans several scale-up domains; with cp > 1 the ring, the K/V all-gather, Ulysses when the heads
+    divide by cp·tp, and Ulysses inside the domain with a ring across when that is neither of the others."""
+    tp, cp, ep, etp = lay["tp"], lay["cp"], lay["ep"], lay["etp"]
+    a2a = ["hierarchical", "flat"] if ep > max(domain // etp, 1) else ["hierarchical"]
+    kinds = ["p2p"]
+    if cp > 1:
+        kinds.append("allgather")
+        if spec.num_attention_heads % (cp * tp) == 0:
+            kinds.append("a2a")
+        inside = int(np.gcd(cp, max(domain // tp, 1)))
+        if 1 < inside < cp and spec.num_attention_heads % (inside * tp) == 0:
+            kinds.append("a2a+p2p")
+    return [{"moe_a2a_algorithm": a, "cp_comm_type": k} for a in a2a for k in kinds]
 
 
 @pytest.mark.parametrize("model,devices,gbs", [("tiny-dense", 8, 32), ("tiny-moe", 8, 16), ("tiny-mla-moe", 16, 32)])
@@ -205,3 +223,105 @@ def test_cli_search_bad_input_exits_2():
     proc = _cli("search", "--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices", "16",
                 "--global-batch-size", "64", "--fix", "recompute=sometimes")
     assert proc.returncode == 2 and "fix.recompute" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---- the communication algorithms as searched dimensions ------------------------------------------
+
+MULTI_NODE_EP = ("tiny-mla-moe", "nvidia-h100-80gb", 32, 64)  # 16 experts, 8 GPUs per NVLink domain
+
+
+def _algorithm_by_layout(space) -> dict[tuple, set]:
+    rows, _ = np.nonzero(space._option_mask())
+    out: dict[tuple, set] = {}
+    for r in np.unique(rows):
+        cfg = space.config(int(r), 0)
+        key = tuple(cfg[k] for k in ("tp", "cp", "pp", "vpp", "ep", "etp", "micro_batch_size"))
+        out.setdefault(key, set()).add((cfg.get("moe_a2a_algorithm"), cfg.get("cp_comm_type", "p2p")))
+    return out
+
+
+def test_exhaustive_enumerates_both_dispatches_where_the_ep_group_leaves_the_domain():
+    model, cluster, devices, gbs = MULTI_NODE_EP
+    spec, profile = model_presets.load(model), hardware_profiles.load(cluster)
+    domain = int(profile.fact("scale_up_domain"))
+    space = build_space(spec, profile, devices, gbs, framework="megatron")
+    seen_leaving = False
+    for (tp, cp, pp, vpp, ep, etp, mbs), algos in _algorithm_by_layout(space).items():
+        dispatches = {a for a, _ in algos}
+        if ep > domain // etp:
+            seen_leaving = True
+            assert dispatches == {"flat", "hierarchical"}, (tp, cp, ep, etp)
+        else:  # inside one domain the two are the same plan: one of them only
+            assert len(dispatches) == 1, (tp, cp, ep, etp)
+    assert seen_leaving
+    # the two are priced differently where they differ (what makes it worth searching)
+    rows, opts = np.nonzero(space._option_mask())
+    cfgs = [space.config(int(r), int(o)) for r, o in zip(rows, opts)]
+    pairs = {}
+    for c in cfgs:
+        if c["ep"] > domain // c["etp"]:
+            pairs.setdefault(json.dumps({k: v for k, v in c.items() if k != "moe_a2a_algorithm"}, sort_keys=True),
+                             {})[c["moe_a2a_algorithm"]] = c
+    pair = next(p for p in pairs.values() if len(p) == 2)
+    br = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs(
+        [TrainingConfig.model_validate(pair[a]) for a in ("flat", "hierarchical")]))
+    assert br.tokens_per_s[0] != br.tokens_per_s[1]
+    # and the space's own batch columns price what its configs say
+    batch = next(space.batches(len(rows)))[2]
+    ref = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs([TrainingConfig.model_validate(c) for c in cfgs]))
+    got = evaluate_batch(spec, profile, devices, batch)
+    np.testing.assert_allclose(got.tokens_per_s, ref.tokens_per_s, rtol=1e-12)
+
+
+def test_cp_algorithms_are_searched_only_with_cp_above_one():
+    spec, profile = model_presets.load("tiny-dense"), hardware_profiles.load("nvidia-h100-80gb")
+    space = build_space(spec, profile, 16, 32, framework="megatron")
+    kinds_by_cp: dict[int, set] = {}
+    for (tp, cp, *_), algos in _algorithm_by_layout(space).items():
+        kinds_by_cp.setdefault(cp, set()).update(k for _, k in algos)
+    assert kinds_by_cp[1] == {"p2p"}
+    assert set().union(*(v for cp, v in kinds_by_cp.items() if cp > 1)) == {"p2p", "a2a", "allgather", "a2a+p2p"}
+
+
+def test_a_megatron_moe_search_tries_both_dispatches():
+    model, cluster, devices, gbs = MULTI_NODE_EP
+    spec, profile = model_presets.load(model), hardware_profiles.load(cluster)
+    storage = optuna.storages.InMemoryStorage()
+    res = run_search(SearchRequest(spec=spec, profile=profile, devices=devices, global_batch_size=gbs,
+                                   sampler="tpe", n_trials=80, top_k=10, seed=4, framework="megatron",
+                                   fixed={"ep": 16}, storage=storage, study_name="dispatch"))
+    study = optuna.load_study(study_name="dispatch", storage=storage)
+    tried = {t.params.get("moe_a2a_algorithm") for t in study.trials}
+    assert {"flat", "hierarchical"} <= tried
+    assert res["top"] and all(e["config"]["moe_a2a_algorithm"] in ("flat", "hierarchical") for e in res["top"])
+
+
+def test_a_pinned_algorithm_is_honoured_and_one_the_framework_lacks_is_refused():
+    model, cluster, devices, gbs = MULTI_NODE_EP
+    spec, profile = model_presets.load(model), hardware_profiles.load(cluster)
+    for fixed in ({"moe_a2a_algorithm": "flat"}, {"cp_comm_type": "allgather", "cp": 2}):
+        res = run_search(SearchRequest(spec=spec, profile=profile, devices=devices, global_batch_size=gbs,
+                                       sampler="exhaustive", top_k=5, framework="megatron",
+                                       fixed=validate_fixed(fixed, gbs)))
+        assert res["top"] and all(e["config"][k] == v for e in res["top"] for k, v in fixed.items())
+    with pytest.raises(SpaceError, match="fix.moe_a2a_algorithm"):
+        build_space(spec, profile, devices, gbs, fixed={"moe_a2a_algorithm": "hierarchical"}, framework="mindspeed")
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "exhaustive"])
+def test_a_mindspeed_search_never_plans_a_dispatch_it_cannot_launch(sampler):
+    from search.frameworks import refusals
+    model, cluster, devices, gbs = MULTI_NODE_EP
+    spec, profile = model_presets.load(model), hardware_profiles.load(cluster)
+    storage = optuna.storages.InMemoryStorage()
+    res = run_search(SearchRequest(spec=spec, profile=profile, devices=devices, global_batch_size=gbs,
+                                   sampler=sampler, n_trials=60, top_k=10, seed=2, framework="mindspeed",
+                                   fixed={"ep": 16}, storage=storage, study_name="ms"))
+    configs = [e["config"] for e in res["top"]] + [lay["config"] for lay in res["layouts"]]
+    assert configs
+    for cfg in configs:
+        assert cfg["moe_a2a_algorithm"] == "flat"
+        assert not refusals(TrainingConfig.model_validate(cfg), spec, "mindspeed", int(profile.fact("scale_up_domain")))
+    if sampler == "tpe":
+        assert all(t.params.get("moe_a2a_algorithm", "flat") == "flat"
+                   for t in optuna.load_study(study_name="ms", storage=storage).trials)
