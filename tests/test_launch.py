@@ -471,3 +471,109 @@ def test_launch_route_refuses_an_option_the_format_cannot_express(tmp_path):
         assert json.loads(res.stdout)["inputs"]["search"]["framework"] == "megatron"
     finally:
         srv.stop()
+
+
+# ---- the searched communication algorithms, exported ----------------------------------------------
+
+MULTI_NODE = ["--model", "tiny-mla-moe", "--cluster", "nvidia-h100-80gb", "--devices", "32", "--global-batch-size",
+              "64", "--sampler", "exhaustive", "--top", "1", "--json"]
+
+
+def _algorithm_search(framework: str, *fix: str) -> dict:
+    res = CliRunner().invoke(main, ["search", *MULTI_NODE, "--framework", framework,
+                                    *[a for f in fix for a in ("--fix", f)]])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def _export(tmp_path, result: dict, fmt: str):
+    path = tmp_path / f"{fmt}.json"
+    path.write_text(json.dumps(result))
+    return CliRunner().invoke(main, ["export", "--format", fmt, str(path)])
+
+
+def _exported_flags(res) -> dict[str, list[str]]:
+    assert res.exit_code == 0, res.output
+    return flags([t.strip('"') for line in res.stdout.split(" \\\n") for t in line.split()])
+
+
+# What each format states for each value: the flags of search/frameworks.py's ALGORITHMS table (None: refused)
+DISPATCH_FLAGS = {
+    ("flat", "megatron"): {"--moe-token-dispatcher-type": ["alltoall"]},
+    ("hierarchical", "megatron"): {"--moe-token-dispatcher-type": ["flex"], "--moe-flex-dispatcher-backend": ["deepep"]},
+    ("flat", "mindspeed"): {"--moe-token-dispatcher-type": ["alltoall"]},
+    ("hierarchical", "mindspeed"): None,
+}
+
+
+@pytest.mark.parametrize("value", ["flat", "hierarchical"])
+def test_export_states_the_searched_dispatch_or_refuses_it(tmp_path, value):
+    result = _algorithm_search("megatron", "ep=16", f"moe_a2a_algorithm={value}")  # 16 ranks over 2 NVLink domains
+    cfg = result["best"]["config"]
+    assert cfg["moe_a2a_algorithm"] == value and cfg["ep"] == 16
+    for fmt in ("megatron", "mindspeed"):
+        res, want = _export(tmp_path, result, fmt), DISPATCH_FLAGS[value, fmt]
+        if want is None:
+            assert res.exit_code == 2 and res.stdout == "" and "top.1.config.moe_a2a_algorithm" in res.stderr
+            continue
+        got = _exported_flags(res)
+        assert {k: got.get(k) for k in want} == want
+        if value == "flat":
+            assert "--moe-flex-dispatcher-backend" not in got
+
+
+# (pins that make the value matter, Megatron's flags, MindSpeed-LLM's flags)
+CP_CASES = {
+    "p2p": (["tp=2", "cp=4"], {"--cp-comm-type": None}, {"--context-parallel-algo": ["megatron_cp_algo"]}),
+    "a2a": (["tp=2", "cp=4"], {"--cp-comm-type": ["a2a"]}, {"--context-parallel-algo": ["ulysses_cp_algo"]}),
+    "allgather": (["tp=2", "cp=4"], {"--cp-comm-type": ["allgather"]},
+                  {"--context-parallel-algo": ["kvallgather_cp_algo"]}),
+    # tp 4 leaves 2 CP ranks per 8-GPU domain: Ulysses over 2, a ring of 2 across
+    "a2a+p2p": (["tp=4", "cp=4"], {"--cp-comm-type": ["a2a+p2p"], "--hierarchical-context-parallel-sizes": ["2", "2"]},
+                {"--context-parallel-algo": ["hybrid_cp_algo"], "--ulysses-degree-in-cp": ["2"]}),
+}
+
+
+@pytest.mark.parametrize("kind", list(CP_CASES))
+def test_export_states_the_searched_cp_algorithm(tmp_path, kind):
+    pins, megatron, mindspeed = CP_CASES[kind]
+    for fmt, want in (("megatron", megatron), ("mindspeed", mindspeed)):
+        result = _algorithm_search(fmt, *pins, f"cp_comm_type={kind}")
+        assert result["best"]["config"]["cp_comm_type"] == kind
+        got = _exported_flags(_export(tmp_path, result, fmt))
+        assert {k: got.get(k) for k in want} == want
+
+
+def test_a_framework_without_an_algorithm_neither_plans_nor_exports_it(tmp_path, monkeypatch):
+    """The table is the one place: a framework that lacks a value gets none in its search and a refusal on export."""
+    from search import frameworks
+    result = _algorithm_search("megatron", "tp=2", "cp=4", "cp_comm_type=allgather")
+    monkeypatch.setitem(frameworks.ALGORITHMS, "mindspeed",
+                        {**frameworks.ALGORITHMS["mindspeed"], "cp_comm_type": ("p2p", "a2a", "a2a+p2p")})
+    res = _export(tmp_path, result, "mindspeed")
+    assert res.exit_code == 2 and "top.1.config.cp_comm_type" in res.stderr
+    res = CliRunner().invoke(main, ["search", *MULTI_NODE[:-3], "--top", "50", "--json", "--framework", "mindspeed",
+                                    "--fix", "cp=4"])
+    assert res.exit_code == 0, res.output
+    kinds = {e["config"]["cp_comm_type"] for e in json.loads(res.stdout)["top"]}
+    assert kinds and "allgather" not in kinds
+    res = CliRunner().invoke(main, ["search", *MULTI_NODE, "--framework", "mindspeed", "--fix", "cp_comm_type=allgather"])
+    assert res.exit_code == 2 and "fix.cp_comm_type" in res.output
+
+
+def test_launch_route_states_or_refuses_the_dispatch(tmp_path):
+    srv = Server(tmp_path / "p.db", tmp_path / "serve.log").start()
+    try:
+        with srv.client() as c:
+            body = {"model": "tiny-mla-moe", "cluster": "nvidia-h100-80gb", "devices": 32, "global_batch_size": 64,
+                    "search": {"sampler": "exhaustive", "top_k": 3, "framework": "megatron",
+                               "fixed": {"ep": 16, "moe_a2a_algorithm": "hierarchical"}}}
+            job = c.post("/v1/jobs", json=body).raise_for_status().json()
+            assert wait_for(c, job["id"])["status"] == "succeeded"
+            r = c.get(f"/v1/jobs/{job['id']}/configs/1/launch", params={"format": "megatron"})
+            assert r.status_code == 200 and "--moe-token-dispatcher-type flex" in r.text
+            assert "--moe-flex-dispatcher-backend deepep" in r.text
+            r = c.get(f"/v1/jobs/{job['id']}/configs/1/launch", params={"format": "mindspeed"})
+            assert r.status_code == 422 and r.json()["detail"][0]["option"] == "moe_a2a_algorithm"
+    finally:
+        srv.stop()
