@@ -1,6 +1,17 @@
 """Short human-readable descriptions shared by the CLI tables and the HTML report."""
 
 
+def _algorithm_marks(cfg: dict) -> list[str]:
+    """The searched communication algorithms where they differ from the config defaults (hierarchical
+    dispatch, the p2p ring): two ranked configs may differ only there."""
+    marks = []
+    if cfg.get("ep", 1) > 1 and cfg.get("moe_a2a_algorithm") == "flat":
+        marks.append("flat-dispatch")
+    if cfg.get("cp", 1) > 1 and cfg.get("cp_comm_type", "p2p") != "p2p":
+        marks.append(f"cp_comm={cfg['cp_comm_type']}")
+    return marks
+
+
 def config_brief(cfg: dict) -> str:
     """One line naming a config's layout, recompute and the flags that differ from the defaults."""
     keys = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch_size", "recompute")
@@ -9,7 +20,7 @@ def config_brief(cfg: dict) -> str:
         text += f"({'+'.join(cfg.get('recompute_modules') or ['core_attn'])})"
     if cfg.get("recompute") == "full" and cfg.get("recompute_num_layers"):
         text += f"({cfg['recompute_num_layers']} layers)"
-    flags = [f for f in ("tp_comm_overlap", "moe_a2a_overlap") if cfg.get(f)]
+    flags = [f for f in ("tp_comm_overlap", "moe_a2a_overlap") if cfg.get(f)] + _algorithm_marks(cfg)
     if not cfg.get("distributed_optimizer", True):
         flags.append("no-distopt")
     split = [k for k in ("first_stage_layers", "last_stage_layers") if k in cfg]
@@ -37,7 +48,7 @@ def variant_brief(cfg: dict) -> str:
     if cfg.get("account_for_embedding_in_pipeline_split"):
         text += " emb/loss-slots"
     text += "".join(f" {k.split('_')[0]}={cfg[k]}" for k in ("first_stage_layers", "last_stage_layers") if k in cfg)
-    return text
+    return text + "".join(f" {m}" for m in _algorithm_marks(cfg))
 
 
 def margin_mark(entry: dict) -> str:
