@@ -16,6 +16,8 @@ import hardware_profiles
 import model_presets
 from costmodel import ClusterProfile, ModelSpec, TrainingConfig
 
+from .bounds import MAX_DEVICES, SPEC_CAPS, config_problems, int_problem, layout_problem
+
 
 class InputError(ValueError):
     """Bad user input: ``field`` names where, the message says why."""
@@ -79,7 +81,12 @@ def load_model(model: str | dict, seq_length: int | None = None) -> ModelSpec:
         raise InputError("model", str(exc)) from None
     if seq_length is not None:
         data["seq_length"] = seq_length
-    return _validated(ModelSpec, data, "model")
+    spec = _validated(ModelSpec, data, "model")
+    for key, cap in SPEC_CAPS.items():  # app/bounds.py: the same bounds for files, inline JSON and the API
+        v = getattr(spec, key, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > cap:
+            raise InputError(f"model.{key}", f"{v} is beyond any real model (at most {cap:,})")
+    return spec
 
 
 def load_cluster(cluster: str | dict) -> ClusterProfile:
@@ -92,12 +99,24 @@ def load_cluster(cluster: str | dict) -> ClusterProfile:
     return _validated(ClusterProfile, data, "cluster")
 
 
+def check_config_data(data: dict, prefix: str = "config") -> None:
+    """A config mapping's integers and pipeline_layout within the bounds of ``app/bounds.py``."""
+    for key, reason in config_problems(data):
+        raise InputError(f"{prefix}.{key}", reason)
+    if (problem := layout_problem(data.get("pipeline_layout"))) is not None:
+        raise InputError(f"{prefix}.pipeline_layout", problem)
+
+
 def load_config(config: str | dict) -> TrainingConfig:
     data = read_mapping(config, "config") if isinstance(config, str) else config
+    if isinstance(data, dict):
+        check_config_data(data)
     return _validated(TrainingConfig, data, "config")
 
 
 def check_devices(devices: int) -> int:
     if devices <= 0:
         raise InputError("devices", "must be a positive number of devices")
+    if (problem := int_problem(devices, MAX_DEVICES)) is not None:
+        raise InputError("devices", problem)
     return devices

@@ -11,6 +11,8 @@ from functools import lru_cache
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.bounds import MAX_DEVICES, MAX_TIMEOUT_S, MAX_TOP_K, MAX_TRIALS
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PARAPLAN_", extra="ignore", populate_by_name=True)
@@ -25,10 +27,10 @@ class Settings(BaseSettings):
     # Caps on what one request may ask for (bad input beyond them is a 4xx, never work). Their upper bounds are
     # the ceilings the OpenAPI document declares (app/schemas): a setting can lower a cap, not raise it past those.
     # 10,000 trials and 100,000 devices are the documented floor of what a job may ask for by default.
-    max_trials: int = Field(10_000, ge=1, le=10_000, description="Largest search.n_trials a job may ask for.")
-    max_top_k: int = Field(100, ge=1, le=1000, description="Largest search.top_k.")
-    max_timeout_s: float = Field(3600.0, gt=0, le=86_400, description="Largest search.timeout_s.")
-    max_devices: int = Field(1_000_000, ge=1, le=1_000_000, description="Largest device count.")
+    max_trials: int = Field(10_000, ge=1, le=MAX_TRIALS, description="Largest search.n_trials a job may ask for.")
+    max_top_k: int = Field(100, ge=1, le=MAX_TOP_K, description="Largest search.top_k.")
+    max_timeout_s: float = Field(3600.0, gt=0, le=MAX_TIMEOUT_S, description="Largest search.timeout_s.")
+    max_devices: int = Field(MAX_DEVICES, ge=1, le=MAX_DEVICES, description="Largest device count.")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body (bytes); larger is 413.")
     max_queued_jobs: int = Field(1000, ge=1, description="Queued jobs per API key beyond which that key's "
                                                          "POST /v1/jobs is 429 (one shared count when the "

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.bounds import (MAX_DEVICES, MAX_GLOBAL_BATCH_SIZE, MAX_MOE_LOAD_IMBALANCE, MAX_SEED,  # noqa: F401
+                        MAX_SEQ_LENGTH, MAX_TIMEOUT_S, MAX_TOP_K, MAX_TRIALS, MIN_MOE_LOAD_IMBALANCE)
 from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
 from search.margin import DEFAULT_MEMORY_MARGIN_GIB, MAX_MEMORY_MARGIN_GIB
 
@@ -24,14 +26,9 @@ CLUSTER_FIELD = Field(
                 "`{\"base\": \"<profile>\", \"facts\": {\"memory_gib\": {\"value\": 96, \"source\": \"...\"}}}`.",
     examples=["ascend-910b"])
 
-# Ceilings of the numbers a request may carry, declared in the OpenAPI document (a value above one is a 422
-# naming the field). The settings PARAPLAN_MAX_DEVICES / _MAX_TRIALS / _MAX_TOP_K / _MAX_TIMEOUT_S may set
-# lower caps, also answered with a 422 naming the field.
-MAX_DEVICES = 1_000_000
-MAX_TRIALS = 10_000
-MAX_TOP_K = 1_000
-MAX_TIMEOUT_S = 86_400.0
-MAX_SEQ_LENGTH = 100_000_000  # as the model-spec cap on seq_length (app/services/inputs.py)
+# Ceilings of the numbers a request may carry (app/bounds.py, the same for the CLI and files), declared in the
+# OpenAPI document (a value above one is a 422 naming the field). The settings PARAPLAN_MAX_DEVICES /
+# _MAX_TRIALS / _MAX_TOP_K / _MAX_TIMEOUT_S may set lower caps, also answered with a 422 naming the field.
 
 
 class SearchOptions(BaseModel):
@@ -47,7 +44,7 @@ class SearchOptions(BaseModel):
                           description="Optuna trials (samplers); at most PARAPLAN_MAX_TRIALS (default 10000).")
     top_k: int = Field(DEFAULT_TOP_K, ge=1, le=MAX_TOP_K,
                        description="How many ranked configs to keep (at most PARAPLAN_MAX_TOP_K, default 100).")
-    seed: int | None = Field(None, ge=0, le=2**32 - 1, description="Sampler seed; same seed, same result. "
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Sampler seed; same seed, same result. "
                                                                    "Chosen at random (and recorded) when absent.")
     timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S,
                                     description="Stop sampling after this many seconds (at most "
@@ -84,10 +81,11 @@ class JobCreate(BaseModel):
     cluster: str | dict[str, Any] = CLUSTER_FIELD
     devices: int = Field(ge=1, le=MAX_DEVICES, description="Number of devices (at most PARAPLAN_MAX_DEVICES).",
                          examples=[6144])
-    global_batch_size: int = Field(ge=1, le=100_000_000, description="Sequences per step.", examples=[7680])
+    global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH_SIZE, description="Sequences per step (at most "
+                                   "100,000,000, as in a config).", examples=[7680])
     precision: Literal["bf16", "fp8"] = Field("bf16", description="`fp8` needs a profile FP8 peak.")
-    moe_load_imbalance: float | None = Field(None, ge=1.0, le=64.0, description="max/mean routed tokens per "
-                                                                              "EP rank; default 1.15.")
+    moe_load_imbalance: float | None = Field(None, ge=MIN_MOE_LOAD_IMBALANCE, le=MAX_MOE_LOAD_IMBALANCE,
+                                            description="max/mean routed tokens per EP rank; default 1.15.")
     seq_length: int | None = Field(None, ge=1, le=MAX_SEQ_LENGTH, description="Override the model's "
                                                                           "seq_length (as `--seq-length`).")
     search: SearchOptions = Field(default_factory=SearchOptions)

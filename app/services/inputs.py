@@ -9,26 +9,17 @@ string). Every problem is a 422 naming the field.
 from __future__ import annotations
 
 import math
-import re
 from functools import lru_cache
 
 import hardware_profiles
 import model_presets
+from app.bounds import config_problems, layout_problem
 from app.inputs import InputError, load_cluster, load_config, load_model
 from costmodel import ClusterProfile, ModelSpec, TrainingConfig
 
 from .errors import field_loc, invalid
 
-# Largest values accepted in a model spec over HTTP ("impossible values" beyond them).
-SPEC_CAPS = {"num_layers": 10_000, "hidden_size": 1_048_576, "num_attention_heads": 16_384,
-             "num_query_groups": 16_384, "ffn_hidden_size": 16_777_216, "vocab_size": 100_000_000,
-             "seq_length": 100_000_000, "kv_channels": 65_536, "q_lora_rank": 1_048_576,
-             "kv_lora_rank": 1_048_576, "qk_head_dim": 65_536, "qk_pos_emb_head_dim": 65_536,
-             "v_head_dim": 65_536, "num_experts": 65_536, "moe_router_topk": 65_536,
-             "moe_ffn_hidden_size": 16_777_216, "moe_shared_expert_intermediate_size": 16_777_216,
-             "moe_layer_freq": 10_000, "mtp_num_layers": 100}
-CONFIG_INT_CAP = 1_000_000_000
-LAYOUT_MAX_SYMBOLS = 100_000
+# The bounds of specs and configs are app/bounds.py's, the same as the CLI's and files'.
 GRID_CAP = 10_000_000  # rows of the parallel-layout grid a search may build (docs: Service section)
 
 
@@ -77,10 +68,6 @@ def resolve_model(value: str | dict, seq_length: int | None = None) -> ModelSpec
         raise _from_input_error(exc) from None
     except Exception as exc:  # noqa: BLE001 - any malformed spec is the caller's input, named as such
         raise invalid(["body", "model"], f"not a valid model spec ({exc})") from None
-    for key, cap in SPEC_CAPS.items():
-        v = getattr(spec, key, None)
-        if isinstance(v, int) and not isinstance(v, bool) and v > cap:
-            raise invalid(["body", "model", key], f"{v} is beyond any real model (at most {cap:,})")
     return spec
 
 
@@ -112,31 +99,13 @@ def resolve_cluster(value: str | dict) -> ClusterProfile:
 
 def check_layout(layout, loc: list) -> None:
     """Reject a pipeline_layout whose expansion would be huge (``(t|)*1000000000``)."""
-    if layout is None:
-        return
-    if not isinstance(layout, str):
-        raise invalid(loc, "must be a string")
-    if len(layout) > 10_000:
-        raise invalid(loc, "is longer than 10,000 characters")
-    text = re.sub(r"[\s,]", "", layout)
-    pat = re.compile(r"\(([^()]*)\)\*(\d+)")
-    for _ in range(100):
-        size = len(text) + sum(len(m.group(1)) * (int(m.group(2)) - 1) for m in pat.finditer(text))
-        if size > LAYOUT_MAX_SYMBOLS:
-            break
-        new = pat.sub(lambda m: m.group(1) * int(m.group(2)), text)
-        if new == text:
-            size = len(text) + sum(int(n) for n in re.findall(r"[EtmL]\*(\d+)", text))
-            break
-        text = new
-    if size > LAYOUT_MAX_SYMBOLS:
-        raise invalid(loc, f"expands to more than {LAYOUT_MAX_SYMBOLS:,} symbols")
+    if (problem := layout_problem(layout)) is not None:
+        raise invalid(loc, problem)
 
 
 def check_config_ints(data: dict, loc: list) -> None:
-    for key, v in data.items():
-        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > CONFIG_INT_CAP:
-            raise invalid([*loc, key], f"{v} is beyond any real config (at most {CONFIG_INT_CAP:,})")
+    for key, reason in config_problems(data):
+        raise invalid([*loc, key], reason)
 
 
 def resolve_config(value: dict) -> TrainingConfig:
