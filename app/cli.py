@@ -13,21 +13,22 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from costmodel import evaluate as evaluate_config
 from costmodel.runtime import tune_allocator
 from search import ENGINES, SearchRequest, SpaceError, run_search, validate_fixed
 from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
 from search.frameworks import FRAMEWORKS, default_framework
 from search.margin import DEFAULT_MEMORY_MARGIN_GIB, margin_problem
 
+from .bounds import flag_problems
+from .console import drop_stdout, longest_word, stdout_console, wrappable
 from .describe import config_brief, layout_brief, margin_mark, variant_brief
-from .inputs import InputError, check_devices, load_cluster, load_config, load_model
+from .inputs import InputError, check_config_data, check_devices, load_cluster, load_config, load_model
+from .results import evaluate as evaluate_config
 from .validation import read_runs, score_runs
 
 EXIT_INPUT = 2
 EXIT_NO_FIT = 3
-# Wide tables when piped (CI logs), the terminal's width otherwise.
-out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+out = stdout_console()
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -40,7 +41,21 @@ def _print_json(data) -> None:
     click.echo(json.dumps(data, indent=2, allow_nan=False))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The command group; a reader that closes stdout early (``paraplan evaluate ... | head -1``) is not an
+    error: the command stops writing and exits 0 (click's own handling exits 1)."""
+
+    def invoke(self, ctx):
+        try:
+            value = super().invoke(ctx)
+            sys.stdout.flush()  # the last buffered output meets the closed pipe here, not at interpreter exit
+            return value
+        except BrokenPipeError:
+            drop_stdout()
+            ctx.exit(0)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="paraplan")
 def main() -> None:
     """ParaPlan: parallel-strategy planning for large-model training on Ascend and GPU clusters."""
@@ -90,8 +105,8 @@ def _evaluation_tables(res: dict) -> None:
 def evaluate(model, cluster, devices, config, seq_length, as_json) -> None:
     """Evaluate one training config: step time, throughput, MFU/HFU, time and memory breakdown."""
     try:
-        if seq_length is not None and seq_length <= 0:
-            raise InputError("seq_length", "must be a positive integer")
+        for name, problem in flag_problems(devices=devices, seq_length=seq_length):
+            raise InputError(name, problem)
         spec = load_model(model, seq_length)
         profile = load_cluster(cluster)
         cfg = load_config(config)
@@ -158,29 +173,57 @@ def _parse_fix(items: tuple[str, ...]) -> dict:
     return fixed
 
 
+def _layouts_table(layouts: list[dict], title: str, narrow: bool = False) -> Table:
+    """The layouts as a table. ``narrow`` (a terminal too narrow for the wide table, e.g. 80 columns): layout,
+    best variant and variant count in one column that wraps between words, numbers never wrapped, short
+    headers; no column is narrower than its longest word, so no config string is broken mid-word."""
+    def numbers(lay: dict) -> list[str]:
+        ev, mark = lay["evaluation"], margin_mark(lay)
+        return [f"{ev['tokens_per_s_per_device']:,.1f}", f"{ev['mfu']:.3f}", f"{ev['step_time_s']:.2f}",
+                f"{ev['memory']['peak_gib']:.1f}", f"{ev['memory']['headroom_gib']:.1f}",
+                f"[red]{mark}[/red]" if mark == "SHORT" else mark]
+
+    t = Table(title=title, title_justify="left", show_edge=not narrow, pad_edge=not narrow)
+    if not narrow:
+        for col, just in (("rank", "right"), ("layout", "left"), ("best variant", "left"), ("variants", "right"),
+                          ("tokens/s/dev", "right"), ("MFU", "right"), ("step s", "right"), ("peak GiB", "right"),
+                          ("headroom GiB", "right"), ("margin", "left")):
+            t.add_column(col, justify=just, overflow="fold")
+        for lay in layouts:
+            t.add_row(str(lay["best_rank"]), layout_brief(lay["config"]), variant_brief(lay["config"]),
+                      f"{lay['variants']:,}", *numbers(lay))
+        return t
+    texts = [f"{layout_brief(lay['config'])}\n{wrappable(variant_brief(lay['config']))} "
+             f"({lay['variants']:,} variants)" for lay in layouts]
+    # The number columns get exactly their widest cell (headers wrap between words), the text column the rest.
+    t.add_column("rank", justify="right", width=longest_word(["rank"] + [str(lay["best_rank"]) for lay in layouts]))
+    t.add_column("layout / best variant", min_width=longest_word(texts))
+    cells = [[c.removeprefix("[red]").removesuffix("[/red]") for c in numbers(lay)] for lay in layouts]
+    for i, col in enumerate(("tok/s per dev", "MFU", "step s", "peak GiB", "head- room GiB", "margin")):
+        t.add_column(col, justify="left" if col == "margin" else "right",
+                     width=longest_word([col] + [c[i] for c in cells]))
+    for lay, text in zip(layouts, texts):
+        t.add_row(str(lay["best_rank"]), text, *numbers(lay))
+    return t
+
+
 def _search_table(result: dict, margin_gib: float) -> None:
     """The top K distinct layouts, each with its best variant (``--json`` has every ranked config)."""
     out.print(f"engine [b]{result['engine']}[/b] · space {result['space_size']:,} configs · "
               f"{result['trials']:,} scored · {result['feasible_trials']:,} feasible · "
-              f"{result['search_time_s']:.1f} s · memory margin {margin_gib:g} GiB")
+              f"{result['search_time_s']:.1f} s · memory margin {margin_gib:g} GiB", soft_wrap=False)
     layouts = result["layouts"]
-    t = Table(title=f"top {len(layouts)} layouts (of {result['feasible_layouts']:,} with a config that fits); "
-                    "rank: of the best variant among all ranked configs", title_justify="left")
-    for col, just in (("rank", "right"), ("layout", "left"), ("best variant", "left"), ("variants", "right"),
-                      ("tokens/s/dev", "right"), ("MFU", "right"), ("step s", "right"), ("peak GiB", "right"),
-                      ("headroom GiB", "right"), ("margin", "left")):
-        t.add_column(col, justify=just, overflow="fold")
-    for lay in layouts:
-        ev, mark = lay["evaluation"], margin_mark(lay)
-        t.add_row(str(lay["best_rank"]), layout_brief(lay["config"]), variant_brief(lay["config"]),
-                  f"{lay['variants']:,}", f"{ev['tokens_per_s_per_device']:,.1f}", f"{ev['mfu']:.3f}",
-                  f"{ev['step_time_s']:.2f}", f"{ev['memory']['peak_gib']:.1f}",
-                  f"{ev['memory']['headroom_gib']:.1f}", f"[red]{mark}[/red]" if mark == "SHORT" else mark)
-    out.print(t)
+    title = (f"top {len(layouts)} layouts (of {result['feasible_layouts']:,} with a config that fits); "
+             "rank: of the best variant among all ranked configs")
+    table = _layouts_table(layouts, title)
+    if out.measure(table, options=out.options.update_width(10_000)).maximum > out.width:
+        # a terminal narrower than the wide table (e.g. 80 columns): layout and variant share one column
+        table = _layouts_table(layouts, title, narrow=True)
+    out.print(table, soft_wrap=False)
     if any(lay.get("keeps_margin") is False for lay in layouts):
         out.print(f"SHORT: headroom below the {margin_gib:g} GiB memory margin (allocator fragmentation and "
                   "communication buffers are not in the model): ranked after every config that keeps the margin, "
-                  "and may not fit in practice.", highlight=False)
+                  "and may not fit in practice.", highlight=False, soft_wrap=False)
 
 
 @main.command()
@@ -212,19 +255,20 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
            framework, as_json) -> None:
     """Find the configs with the highest predicted throughput that fit in memory."""
     try:
-        for name, value in (("devices", devices), ("global_batch_size", global_batch_size), ("trials", trials),
-                            ("top", top_k), ("seq_length", seq_length)):
-            if value is not None and value <= 0:
-                raise InputError(name, "must be a positive integer")
-        if moe_load_imbalance is not None and not 1.0 <= moe_load_imbalance <= 64.0:
-            raise InputError("moe_load_imbalance", "must be between 1.0 and 64.0")
+        # app/bounds.py: the same bounds as the API's and the files'
+        for name, problem in flag_problems(devices=devices, global_batch_size=global_batch_size, trials=trials,
+                                           top=top_k, seed=seed, seq_length=seq_length, timeout_s=timeout_s,
+                                           moe_load_imbalance=moe_load_imbalance):
+            raise InputError(name, problem)
         if (problem := margin_problem(memory_margin_gib)) is not None:
             raise InputError("memory_margin_gib", problem)
         spec = load_model(model, seq_length)
         profile = load_cluster(cluster)
         if (problem := margin_problem(memory_margin_gib, profile.fact("memory_gib"))) is not None:
             raise InputError("memory_margin_gib", problem)
-        fixed = validate_fixed(_parse_fix(fix), global_batch_size)
+        fixed = _parse_fix(fix)
+        check_config_data(fixed, "fix")
+        fixed = validate_fixed(fixed, global_batch_size)
         req = SearchRequest(spec=spec, profile=profile, devices=devices, global_batch_size=global_batch_size,
                             sampler=sampler, n_trials=trials, top_k=top_k, seed=seed, fixed=fixed,
                             precision=precision, moe_load_imbalance=moe_load_imbalance,
@@ -258,6 +302,11 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
 
 def _run_with_progress(req: SearchRequest) -> dict:
     """Run the search with a progress bar on stderr when it is a terminal."""
+    import optuna
+
+    # Optuna logs every study it creates at INFO on its own stderr handler ("A new study created in memory
+    # ..."): noise in a command whose stderr carries only progress, warnings and errors. Its warnings stay.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     if not err.is_terminal:
         return run_search(req)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn

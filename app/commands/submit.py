@@ -90,33 +90,64 @@ def _fmt(x, spec: str) -> str:
 
 
 def _print_table(job: dict, configs: list[dict]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from app.console import longest_word, stdout_console, wrappable
     from app.describe import margin_mark
 
-    out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+    out = stdout_console()
     s = job.get("summary") or {}
     out.print(f"job {job['id']} [b]{job['status']}[/b] · engine {s.get('engine', '?')} · "
-              f"{s.get('trials', 0):,} scored · {s.get('feasible_trials', 0):,} feasible · "
-              f"{s.get('search_time_s', 0):.1f} s", highlight=False)
-    t = Table(title=f"top {len(configs)}", title_justify="left")
-    for col, just in (("rank", "right"), ("config", "left"), ("tokens/s/dev", "right"), ("MFU", "right"),
-                      ("step s", "right"), ("peak GiB", "right"), ("margin", "left")):
-        t.add_column(col, justify=just, overflow="fold")
+              f"{s.get('trials', 0):,} {_unit(job)} scored · {s.get('feasible_trials', 0):,} feasible · "
+              f"{s.get('search_time_s', 0):.1f} s", highlight=False, soft_wrap=False)
+    # On a narrow terminal (80 columns) the config column wraps between words (never inside one, app/console.py);
+    # the number columns keep exactly their widest cell.
+    rows = []
     for e in configs:
         ev = e["evaluation"]
-        t.add_row(str(e["rank"]), _brief(e["config"]), _fmt(ev["tokens_per_s_per_device"], ",.1f"),
-                  _fmt(ev["mfu"], ".3f"), _fmt(ev["step_time_s"], ".2f"), _fmt(ev["memory"]["peak_gib"], ".1f"),
-                  margin_mark(e))
-    out.print(t)
+        rows.append([str(e["rank"]), _brief(e["config"]), _fmt(ev["tokens_per_s_per_device"], ",.1f"),
+                     _fmt(ev["mfu"], ".3f"), _fmt(ev["step_time_s"], ".2f"), _fmt(ev["memory"]["peak_gib"], ".1f"),
+                     margin_mark(e)])
+    def table(rows: list[list[str]]) -> Table:
+        t = Table(title=f"top {len(configs)}", title_justify="left")
+        for i, (col, just) in enumerate((("rank", "right"), ("config", "left"), ("tokens/s/dev", "right"),
+                                         ("MFU", "right"), ("step s", "right"), ("peak GiB", "right"),
+                                         ("margin", "left"))):
+            width = longest_word([col] + [r[i] for r in rows])
+            t.add_column(col, justify=just, **({"min_width": width} if col == "config" else {"width": width}))
+        for r in rows:
+            t.add_row(*r)
+        return t
+
+    t = table(rows)
+    if out.measure(t, options=out.options.update_width(10_000)).maximum > out.width:
+        t = table([[r[0], wrappable(r[1]), *r[2:]] for r in rows])
+    out.print(t, soft_wrap=False)
     margin = (job["inputs"].get("search") or {}).get("memory_margin_gib")
     if any(e.get("keeps_margin") is False for e in configs):
         out.print(f"SHORT: headroom below the {margin:g} GiB memory margin: ranked after every config that keeps "
-                  "it, and may not fit in practice.", highlight=False)
+                  "it, and may not fit in practice.", highlight=False, soft_wrap=False)
     if job.get("best"):
         out.print("best config: " + json.dumps(job["best"]["config"], separators=(",", ":")), highlight=False,
                   soft_wrap=True)
+
+
+def _unit(job: dict) -> str:
+    """What the progress counts: configs for an exhaustive search (it scores the whole space), else trials."""
+    return "configs" if ((job.get("inputs") or {}).get("search") or {}).get("engine") == "exhaustive" else "trials"
+
+
+def _trials_note(job: dict, trials: int | None) -> str | None:
+    """Why ``--trials`` did not count, when the server scores the space exhaustively."""
+    search = (job.get("inputs") or {}).get("search") or {}
+    if trials is None or search.get("engine") != "exhaustive":
+        return None
+    from search.engine import AUTO_EXHAUSTIVE_MAX
+
+    why = (f"sampler auto scores a space of at most {AUTO_EXHAUSTIVE_MAX:,} configs exhaustively"
+           if search.get("sampler") == "auto" else "the exhaustive sampler scores the whole space")
+    return (f"note: --trials {trials:,} was not used: {why} ({search.get('space_size', 0):,} configs); "
+            "the counts below are configs scored, not trials (pass --sampler tpe to sample)")
 
 
 def _follow(client, job: dict, timeout_s: float | None, poll_s: float, err) -> dict:
@@ -140,13 +171,13 @@ def _follow(client, job: dict, timeout_s: float | None, poll_s: float, err) -> d
             job = _get(client, f"/v1/jobs/{job['id']}")
             p = job["progress"]
             if bar is not None:
-                bar.update(task, description=job["status"], completed=p["trials_done"],
+                bar.update(task, description=f"{job['status']} ({_unit(job)})", completed=p["trials_done"],
                            total=p["trials_total"] or None)
             else:
                 state = (job["status"], p["trials_done"])
                 if job["status"] != (last_state or ("",))[0] or time.monotonic() - last_line > 10:
-                    err.print(f"job {job['id']} {job['status']}: {p['trials_done']:,}/{p['trials_total']:,} trials",
-                              highlight=False)
+                    err.print(f"job {job['id']} {job['status']}: {p['trials_done']:,}/{p['trials_total']:,} "
+                              f"{_unit(job)}", highlight=False)
                     last_line, last_state = time.monotonic(), state
     finally:
         if bar is not None:
@@ -211,12 +242,22 @@ def _submit(err, server, model, cluster, devices, gbs, trials, sampler, top_k, s
             memory_margin_gib=None, framework=None) -> int:
     import httpx
 
+    from app.bounds import config_problems, flag_problems
+    from app.console import echo
+
+    # The server answers these with a 422 too; the bounds are the same (app/bounds.py), so say it at once.
+    for field, problem in flag_problems(devices=devices, global_batch_size=gbs, trials=trials, top=top_k, seed=seed,
+                                        seq_length=seq_length, timeout_s=search_timeout,
+                                        moe_load_imbalance=imbalance):
+        raise ClientError(EXIT_INPUT, f"{field}: {problem}")
     search = {k: v for k, v in (("sampler", sampler), ("n_trials", trials), ("top_k", top_k), ("seed", seed),
                                 ("timeout_s", search_timeout), ("memory_margin_gib", memory_margin_gib),
                                 ("framework", framework))
               if v is not None}
     if fix:
         search["fixed"] = _fixed(fix)
+        for key, problem in config_problems(search["fixed"]):
+            raise ClientError(EXIT_INPUT, f"fix.{key}: {problem}")
     if cross_tp:
         search["allow_cross_domain_tp"] = True
     body = {"model": _input(model, "model"), "cluster": _input(cluster, "cluster"), "devices": devices,
@@ -229,13 +270,15 @@ def _submit(err, server, model, cluster, devices, gbs, trials, sampler, top_k, s
         headers["Authorization"] = f"Bearer {api_key}"
     with httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=30.0) as client:
         job = _post_with_retries(client, body)
+        if (note := _trials_note(job, trials)) is not None:
+            err.print(note, highlight=False)
         if not wait:
             if as_json:
-                click.echo(json.dumps(job, indent=2))
+                echo(json.dumps(job, indent=2))
             else:
                 err.print(f"submitted job {job['id']} ({job['status']}); follow it with --wait or "
                           f"GET {server.rstrip('/')}/v1/jobs/{job['id']}", highlight=False)
-                click.echo(job["id"])
+                echo(job["id"])
             return EXIT_OK
         client.headers.pop("Idempotency-Key", None)
         job = _follow(client, job, timeout_s, poll_s, err)
@@ -244,7 +287,7 @@ def _submit(err, server, model, cluster, devices, gbs, trials, sampler, top_k, s
             limit = max(1, min(500, (job["inputs"]["search"] or {}).get("top_k", 10)))
             configs = _get(client, f"/v1/jobs/{job['id']}/configs", {"limit": limit})["items"]
     if as_json:
-        click.echo(json.dumps({**job, "top": configs}, indent=2))
+        echo(json.dumps({**job, "top": configs}, indent=2))
     elif configs:
         _print_table(job, configs)
     if job["status"] != "succeeded":
