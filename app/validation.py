@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel import ClusterProfile, evaluate
+from costmodel import ClusterProfile
 
 from .inputs import InputError, load_cluster, load_config, load_model
+from .results import evaluate
 
 
 @dataclass

@@ -14,7 +14,7 @@ from app.schemas.evaluate import EvaluateRequest
 from app.schemas.evaluation import Evaluation
 from app.services.errors import invalid
 from app.services.inputs import check_stages, resolve_cluster, resolve_config, resolve_model
-from costmodel import evaluate as evaluate_config
+from app.results import evaluate as evaluate_config
 
 router = APIRouter(prefix="/v1", tags=["evaluate"], dependencies=[Depends(api_scope)], responses=AUTH_ERRORS)
 log = logging.getLogger("paraplan.api")
