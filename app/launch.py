@@ -94,7 +94,13 @@ def launch_args(config: dict | TrainingConfig, spec: ModelSpec, fmt: str = "mega
     if e.refusals:
         raise InexpressibleError(fmt, e.refusals)
     g = e.groups
-    a = ["--tensor-model-parallel-size", str(cfg.tp), "--pipeline-model-parallel-size", str(cfg.pp), *e.split.flags,
+    split = e.split.flags
+    if cfg.pp == 1 and "--num-virtual-stages-per-pipeline-rank" in split:
+        # Older Megatron-LM releases assert this flag only with pipeline parallelism (issue 17); with pp 1 it
+        # states nothing (one stage, one chunk)
+        i = split.index("--num-virtual-stages-per-pipeline-rank")
+        split = split[:i] + split[i + 2:]
+    a = ["--tensor-model-parallel-size", str(cfg.tp), "--pipeline-model-parallel-size", str(cfg.pp), *split,
          "--context-parallel-size", str(cfg.cp), "--expert-model-parallel-size", str(cfg.ep),
          "--expert-tensor-parallel-size", str(cfg.etp),
          "--micro-batch-size", str(cfg.micro_batch_size), "--global-batch-size", str(cfg.global_batch_size)]
