@@ -243,7 +243,7 @@ def _header(result: dict) -> str:
     model_name = model.get("name", "(spec)") if isinstance(model, dict) else model
     rows = [("model", model_name), ("cluster", inputs.get("cluster")), ("devices", _fmt(inputs.get("devices"), ",.0f")),
             ("global batch size", _fmt(inputs.get("global_batch_size"), ",.0f")),
-            ("precision", inputs.get("precision")), ("MoE load imbalance", inputs.get("moe_load_imbalance")),
+            ("precision", inputs.get("precision")), ("MoE load imbalance", _imbalance(result)),
             ("memory margin", None if _margin(result) is None else f"{_margin(result):g} GiB"),
             ("engine", result.get("engine")), ("space size", _fmt(result.get("space_size"), ",.0f")),
             ("trials scored", _fmt(result.get("trials"), ",.0f")),
@@ -256,6 +256,25 @@ def _header(result: dict) -> str:
     cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape('—' if v is None else str(v))}</td></tr>"
                     for k, v in rows)
     return f'<table class="inputs">{cells}</table>'
+
+
+def _imbalance(result: dict) -> str:
+    """The MoE load imbalance the scores were computed with: the input, or the default the configs record
+    (the inputs keep null when none was given); dense models apply none."""
+    inputs = result.get("inputs") or {}
+    model = inputs.get("model")
+    if isinstance(model, dict) and not model.get("num_experts"):
+        return "— (dense model)"
+    given = _num(inputs.get("moe_load_imbalance"))
+    if given is not None:
+        return f"{given:g}"
+    applied = next((v for e in result.get("top") or [] if (v := _num((e.get("config") or {}).get(
+        "moe_load_imbalance"))) is not None), None)
+    if applied is None:
+        from costmodel.batch import DEFAULT_MOE_LOAD_IMBALANCE
+
+        applied = DEFAULT_MOE_LOAD_IMBALANCE
+    return f"{applied:g} (default)"
 
 
 def _margin(result: dict) -> float | None:
