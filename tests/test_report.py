@@ -6,7 +6,6 @@ study, whose name the README documents)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import warnings
@@ -21,7 +20,7 @@ from app.core.config import Settings  # noqa: E402
 from app.main import create_app  # noqa: E402
 from app.report import PLOT_IDS, ReportError, render_report  # noqa: E402
 from app.worker import Worker, optuna_storage  # noqa: E402
-from service_util import ROOT, run_cli  # noqa: E402
+from service_util import ROOT, require_chromium, run_cli  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import report_screenshot as shot  # noqa: E402
@@ -52,11 +51,7 @@ def pages(results, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def chromium():
-    if shot.chromium() is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (.ci/run installs it with apt-get)")
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
-    return shot.chromium()
+    return require_chromium(shot.chromium)
 
 
 def _figures(page: str) -> dict:

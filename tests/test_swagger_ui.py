@@ -3,14 +3,11 @@ no network but loopback: the page renders with the jobs endpoints, from local as
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 
 import pytest
 
-from service_util import ROOT, Server
+from service_util import ROOT, Server, require_chromium
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import swagger_screenshot as shot  # noqa: E402
@@ -23,13 +20,7 @@ SWAGGER_COLOURS = {"post": (73, 204, 144), "get": (97, 175, 254), "delete": (249
 
 @pytest.fixture(scope="module")
 def chromium():
-    if shot.chromium() is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, timeout=900)
-    if shot.chromium() is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (.ci/run installs it with apt-get)")
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
-    return shot.chromium()
+    return require_chromium(shot.chromium)
 
 
 @pytest.fixture(scope="module")
