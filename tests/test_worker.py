@@ -54,7 +54,8 @@ def test_a_job_runs_to_success_and_matches_run_search(env, same_result):
     assert [c["rank"] for c in configs["items"]] == [1, 2, 3, 4, 5]
     assert done["best"] == configs["items"][0]
     direct = run_search(SearchRequest(spec=model_presets.load("tiny-moe"), profile=hardware_profiles.load(
-        "nvidia-h100-80gb"), devices=8, global_batch_size=64, sampler="exhaustive", top_k=5))
+        "nvidia-h100-80gb"), devices=8, global_batch_size=64, sampler="exhaustive", top_k=5,
+        framework=done["inputs"]["search"]["framework"]))  # the space the job searched
     # the items also say whether they keep the job's memory margin, as run_search does
     keys = ("rank", "config", "evaluation", "keeps_margin")
     same_result([{k: e[k] for k in keys} for e in direct["top"]], [{k: e[k] for k in keys} for e in configs["items"]])
