@@ -25,7 +25,9 @@ def check(spec: ModelSpec, b: ConfigBatch, devices: int, has_fp8: bool) -> list[
     """Every validity rule of the contract except the pipeline split (see :mod:`costmodel.pipeline`)."""
     heads, groups = spec.num_attention_heads, spec.query_groups
     model_par = b.tp * b.pp * b.cp
-    dp = np.where(model_par > 0, devices // model_par, 0)
+    # dp is defined only where the devices divide by tp·pp·cp: the rules that use it say nothing
+    # elsewhere (a rounded-down dp would be quoted that no launch could have).
+    dp = np.where((model_par > 0) & (devices % np.maximum(model_par, 1) == 0), devices // np.maximum(model_par, 1), 0)
     dense_rank = b.tp * b.cp * dp
     seq = spec.seq_length
     sp, cp = b.sequence_parallel, b.cp

@@ -260,7 +260,7 @@ def _megatron_split_flags(cfg: TrainingConfig, spec: ModelSpec, tokens: list[str
     if cfg.pipeline_layout is not None:
         return ["--pipeline-model-parallel-layout", cfg.pipeline_layout]
     if cfg.first_stage_layers is not None or cfg.last_stage_layers is not None:
-        args = ["--num-virtual-stages-per-pipeline-rank", str(cfg.vpp)]
+        args = ["--num-virtual-stages-per-pipeline-rank", str(cfg.vpp)] if cfg.pp > 1 else []
         if cfg.first_stage_layers is not None:
             args += ["--decoder-first-pipeline-num-layers", str(cfg.first_stage_layers)]
         if cfg.last_stage_layers is not None:
@@ -274,7 +274,8 @@ def _megatron_split_flags(cfg: TrainingConfig, spec: ModelSpec, tokens: list[str
            (["--account-for-loss-in-pipeline-split"] if al else [])
     if cfg.vpp > 1:
         return args + ["--num-layers-per-virtual-pipeline-stage", str(slots // stages)]
-    return args + ["--num-virtual-stages-per-pipeline-rank", "1"]
+    # With one stage the flag states nothing, and older Megatron-LM releases assert it needs pp > 1.
+    return args + (["--num-virtual-stages-per-pipeline-rank", "1"] if cfg.pp > 1 else [])
 
 
 def _noop_expressible(tokens: list[str], spec: ModelSpec) -> bool:

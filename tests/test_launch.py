@@ -157,6 +157,9 @@ def megatron_vpp(f: dict, spec, cfg: TrainingConfig) -> int:
         return len(parse_layout(_one(f, "--pipeline-model-parallel-layout"))) // cfg.pp
     if "--num-virtual-stages-per-pipeline-rank" in f:
         return int(_one(f, "--num-virtual-stages-per-pipeline-rank"))
+    if cfg.pp == 1:  # one stage: no split flag, no virtual stages
+        assert "--num-layers-per-virtual-pipeline-stage" not in f
+        return 1
     slots = spec.num_layers + ("--account-for-embedding-in-pipeline-split" in f) + \
         ("--account-for-loss-in-pipeline-split" in f)
     assert slots % cfg.pp == 0

@@ -89,6 +89,18 @@ def test_devices_divisible_by_tp_pp_cp(preset):
     assert_broken(run(spec, 6, cp=4, global_batch_size=1), "devices_divisible")
 
 
+def test_undivided_devices_leave_out_the_rules_that_need_dp(preset):
+    # 6 devices, tp 4: dp is undefined, so ep*etp | tp*cp*dp and gbs | mbs*dp are not judged with a
+    # rounded-down dp: with dp = 1 both would fire (ep*etp = 16 does not divide tp*cp*dp = 4, gbs 7
+    # not by mbs*dp = 2).
+    spec = preset("tiny-moe")
+    r = run(spec, 6, tp=4, ep=8, etp=2, micro_batch_size=2, global_batch_size=7)
+    assert [x["code"] for x in r["infeasible_reasons"]] == ["devices_divisible"]
+    # with 8 devices dp is 2 and the same rules do fire
+    codes = {x["code"] for x in run(spec, 8, tp=4, ep=8, etp=2, micro_batch_size=2, global_batch_size=7)["infeasible_reasons"]}
+    assert {"ep_etp_divides", "global_batch_divisible"} <= codes
+
+
 # ---- dp, when given, must match -----------------------------------------------------------------
 
 
