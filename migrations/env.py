@@ -1,6 +1,6 @@
 """Alembic environment of the service database.
 
-The URL comes from the caller (``app.db.migrate.upgrade`` sets ``sqlalchemy.url``) or from
+The URL comes from the caller (``app.service.db.migrate.upgrade`` sets ``sqlalchemy.url``) or from
 ``DATABASE_URL``. The project's version table is ``paraplan_alembic_version``; Optuna's tables (and
 its own ``alembic_version``) share the database and are left alone.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import pool
 
-from app.db.engine import engine_kwargs, tune_sqlite
-from app.db.migrate import VERSION_TABLE, include_object
-from app.db.models import Base
+from app.service.db.engine import engine_kwargs, tune_sqlite
+from app.service.db.migrate import VERSION_TABLE, include_object
+from app.service.db.models import Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -26,7 +26,7 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from app.core.config import Settings
+    from app.service.core.config import Settings
 
     return Settings().database_url
 

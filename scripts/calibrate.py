@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import hardware_profiles  # noqa: E402
-from app.validation import read_runs  # noqa: E402
+from app.formats.validation import read_runs  # noqa: E402
 from costmodel import ConfigBatch, evaluate_batch  # noqa: E402
 from costmodel.spec import ClusterProfile  # noqa: E402
 

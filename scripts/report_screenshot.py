@@ -1,4 +1,4 @@
-"""Screenshot of a job report (``app/report.py``) in headless Chromium, with no network at all.
+"""Screenshot of a job report (``app/formats/report.py``) in headless Chromium, with no network at all.
 
 Runs a search in memory (default: the README's Pangu Ultra MoE 718B job on 6,144 Ascend 910B, TPE, 200
 trials, seed 7), renders its report, opens the HTML file in Debian's ``chromium`` with every host
@@ -53,7 +53,7 @@ def screenshot(html_file: Path, out: Path) -> Path:
 
 def search_result(model: str, cluster: str, devices: int, gbs: int, sampler: str, trials: int, seed: int) -> dict:
     """``paraplan search --json``'s output, computed in memory."""
-    from app.inputs import load_cluster, load_model
+    from app.formats.inputs import load_cluster, load_model
     from search import SearchRequest, run_search
 
     spec, profile = load_model(model, None), load_cluster(cluster)
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out", type=Path, help="PNG file to write.")
     ap.add_argument("--html", type=Path, help="Also keep the report's HTML here.")
     args = ap.parse_args(argv)
-    from app.report import render_report
+    from app.formats.report import render_report
 
     result = search_result("pangu-ultra-moe-718b", "ascend-910b", 6144, 7680, "tpe", 200, 7)
     with tempfile.TemporaryDirectory() as tmp:

@@ -234,7 +234,7 @@ def postgres_url():
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = make_url(admin).set(database=name).render_as_string(hide_password=False)
     yield url
-    from app.db.engine import get_engine
+    from app.service.db.engine import get_engine
 
     get_engine(url).dispose()
     with engine.connect() as conn:

@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from app.api.deps import key_matches
-from app.core.config import Settings
+from app.service.api.deps import key_matches
+from app.service.core.config import Settings
 from service_util import TINY_JOB
 from test_service_api import make_client, submit
 
@@ -126,7 +126,7 @@ def test_another_keys_job_is_404_on_every_job_route_and_not_listed(keyed):
 
 
 def test_jobs_are_stored_with_the_callers_scope(tmp_path):
-    from app.db.models import Job
+    from app.service.db.models import Job
 
     with make_client(tmp_path, api_keys=KEY_A) as c:
         job_id = submit(c, None, **bearer(KEY_A)).json()["id"]

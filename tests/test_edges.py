@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.bounds import MAX_DEVICES, MAX_GLOBAL_BATCH_SIZE, MAX_TRIALS
+from app.formats.bounds import MAX_DEVICES, MAX_GLOBAL_BATCH_SIZE, MAX_TRIALS
 from service_util import CI_ENV, ROOT, Server, require_chromium, run_cli
 
 HUGE = "99999999999999999999"  # beyond int64: the OverflowError of the issue
@@ -234,7 +234,7 @@ def _assert_unbroken(table: str, descriptions: list[str], cols: int) -> None:
 
 
 def test_search_table_on_80_columns_never_breaks_a_config_word():
-    from app.describe import layout_brief, variant_brief
+    from app.formats.describe import layout_brief, variant_brief
 
     args = ["--model", "pangu-ultra-moe-718b", "--cluster", "ascend-910b", "--devices", "6144",
             "--global-batch-size", "7680", "--fix", "pp=4", "--fix", "cp=8", "--top", "4"]
@@ -249,7 +249,7 @@ def test_search_table_on_80_columns_never_breaks_a_config_word():
 
 
 def test_submit_trials_on_an_exhaustive_space_says_it_scored_configs(server):
-    from app.commands.submit import _brief
+    from app.cli.commands.submit import _brief
 
     rc, table, err = _pty_run([sys.executable, "-m", "app.cli", "submit", "--server", server.url, *EXHAUSTIVE_SMALL,
                                "--trials", "100", "--top", "5", "--wait", "--poll", "0.2"])

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from app.cli import main
-from app.inputs import load_cluster, load_model
-from app.launch import InexpressibleError, flags, launch_args
+from app.formats.inputs import load_cluster, load_model
+from app.formats.launch import InexpressibleError, flags, launch_args
 from costmodel import TrainingConfig
 from search import build_space, validate_fixed
 from search.frameworks import FIELDS, FRAMEWORKS, default_framework, ep_leaves_domain, express, refusals, stage_tokens

@@ -1,4 +1,4 @@
-"""Hugging Face config.json as a model (app/hf_config.py): the published files map to the presets' specs.
+"""Hugging Face config.json as a model (app/formats/hf_config.py): the published files map to the presets' specs.
 
 The config.json contents below are the publishers' files (no network here: their text is reproduced
 from the files named in each comment; the fields the mapping reads were cross-checked against copies in
@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from app.cli import main
-from app.hf_config import is_hf_config, to_spec_data
-from app.inputs import InputError, load_cluster, load_model
+from app.formats.hf_config import is_hf_config, to_spec_data
+from app.formats.inputs import InputError, load_cluster, load_model
 from costmodel import TrainingConfig, evaluate
 from search import SearchRequest, run_search
 

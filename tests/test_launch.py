@@ -1,4 +1,4 @@
-"""Launch arguments (app/launch.py, `paraplan export`, `GET /v1/jobs/{id}/configs/{rank}/launch`).
+"""Launch arguments (app/formats/launch.py, `paraplan export`, `GET /v1/jobs/{id}/configs/{rank}/launch`).
 
 Every flag emitted must be a real argument of the framework: the lists below are copied from the
 frameworks' sources (named with their commits), and the values must be what the config says.
@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from app.cli import main
-from app.inputs import load_cluster, load_model
-from app.launch import InexpressibleError, flags, format_args, launch_args, layout_string, stage_tokens
+from app.formats.inputs import load_cluster, load_model
+from app.formats.launch import InexpressibleError, flags, format_args, launch_args, layout_string, stage_tokens
 from costmodel import TrainingConfig, evaluate
 from costmodel.pipeline import parse_layout
 from search import SearchRequest, run_search

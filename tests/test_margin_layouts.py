@@ -24,10 +24,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 import hardware_profiles  # noqa: E402
 import model_presets  # noqa: E402
-from app.core.config import Settings  # noqa: E402
-from app.main import create_app  # noqa: E402
-from app.report import render_report  # noqa: E402
-from app.worker import Worker  # noqa: E402
+from app.service.core.config import Settings  # noqa: E402
+from app.service.main import create_app  # noqa: E402
+from app.formats.report import render_report  # noqa: E402
+from app.service.worker import Worker  # noqa: E402
 from costmodel import evaluate_batch  # noqa: E402
 from search import SearchRequest, build_space, run_search  # noqa: E402
 from search.exhaustive import LAYOUT_FIELDS  # noqa: E402

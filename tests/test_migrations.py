@@ -16,8 +16,8 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from app.db.migrate import VERSION_TABLE, alembic_config, current_revision, head_revision, include_object, upgrade
-from app.db.models import Base
+from app.service.db.migrate import VERSION_TABLE, alembic_config, current_revision, head_revision, include_object, upgrade
+from app.service.db.models import Base
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTUNA_TABLES = {"studies", "trials", "trial_params", "trial_values", "alembic_version"}

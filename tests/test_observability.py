@@ -20,9 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text, update
 
-from app.core.logging import JsonFormatter, RequestIdFilter, RequestInfo, configure_logging, current_request, \
+from app.service.core.logging import JsonFormatter, RequestIdFilter, RequestInfo, configure_logging, current_request, \
     request_id_from
-from app.db.models import Job
+from app.service.db.models import Job
 from service_util import TINY_JOB, Server
 from test_service_api import make_client, submit
 
@@ -277,7 +277,7 @@ def test_metrics_route_is_documented_and_guarded(tmp_path):
 
 def test_library_lines_are_json_too(tmp_path):
     """Optuna's own handler and Python warnings would break the one-object-per-line log."""
-    code = ("import warnings; from app.core.logging import configure_logging; configure_logging('info', 'json'); "
+    code = ("import warnings; from app.service.core.logging import configure_logging; configure_logging('info', 'json'); "
             "import optuna; optuna.create_study(storage='sqlite:///" + str(tmp_path / "o.db") + "'); "
             "warnings.warn('careful')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

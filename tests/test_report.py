@@ -1,4 +1,4 @@
-"""The job report (``app/report.py``): from real small searches, self-contained (no http(s) script or
+"""The job report (``app/formats/report.py``): from real small searches, self-contained (no http(s) script or
 stylesheet), four plots that Plotly really draws in headless Chromium with no network; ``paraplan
 report`` (file and ``--server``) and ``GET /v1/jobs/{id}/report`` (history read back from the Optuna
 study, whose name the README documents)."""
@@ -16,10 +16,10 @@ warnings.filterwarnings("ignore", message=".*httpx2.*")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from app.core.config import Settings  # noqa: E402
-from app.main import create_app  # noqa: E402
-from app.report import PLOT_IDS, ReportError, render_report  # noqa: E402
-from app.worker import Worker, optuna_storage  # noqa: E402
+from app.service.core.config import Settings  # noqa: E402
+from app.service.main import create_app  # noqa: E402
+from app.formats.report import PLOT_IDS, ReportError, render_report  # noqa: E402
+from app.service.worker import Worker, optuna_storage  # noqa: E402
 from service_util import ROOT, require_chromium, run_cli  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -96,7 +96,7 @@ def test_report_is_self_contained_with_four_plots(pages):
 
 
 def test_pareto_front_of_the_top_configs():
-    from app.report import pareto_front
+    from app.formats.report import pareto_front
 
     pts = [(100.0, 50.0, 0), (90.0, 40.0, 1), (95.0, 60.0, 2), (80.0, 40.0, 3), (120.0, 70.0, 4)]
     assert pareto_front(pts) == [1, 0, 4]

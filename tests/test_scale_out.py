@@ -20,8 +20,8 @@ warnings.filterwarnings("ignore", message=".*httpx2.*")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from app.core.config import Settings  # noqa: E402
-from app.main import create_app  # noqa: E402
+from app.service.core.config import Settings  # noqa: E402
+from app.service.main import create_app  # noqa: E402
 from search import build_space  # noqa: E402
 from search.samplers import rank_trials  # noqa: E402
 from service_util import Server, WorkerProcess  # noqa: E402

@@ -201,7 +201,7 @@ def test_numbers_past_the_database_integers_are_422s(live, api_schema):
         _check(api_schema, "GET", template, r, **case)
 
 
-# Pending a fix in app/main.py (exception handlers; see the report of this test's change). FastAPI answers a
+# Pending a fix in app/service/main.py (exception handlers; see the report of this test's change). FastAPI answers a
 # JSON body that is not UTF-8 with an undeclared 400 `{"detail": "There was an error parsing the body"}` (not
 # the error shape); and its 422 handler cannot encode the echoed input when it is such bytes (sent as another
 # content type) or NaN / Infinity (which Python's JSON parser accepts), so those answer 500.

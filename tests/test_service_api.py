@@ -14,8 +14,8 @@ warnings.filterwarnings("ignore", message=".*httpx2.*")  # starlette's TestClien
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from app.core.config import Settings  # noqa: E402
-from app.main import create_app  # noqa: E402
+from app.service.core.config import Settings  # noqa: E402
+from app.service.main import create_app  # noqa: E402
 from service_util import TINY_JOB  # noqa: E402
 
 

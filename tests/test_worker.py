@@ -20,11 +20,11 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 import hardware_profiles  # noqa: E402
 import model_presets  # noqa: E402
-from app.core.config import Settings  # noqa: E402
-from app.db.engine import get_sessionmaker  # noqa: E402
-from app.db.models import Job, JobConfig, JobLease, utcnow  # noqa: E402
-from app.main import create_app  # noqa: E402
-from app.worker import Worker, host_id  # noqa: E402
+from app.service.core.config import Settings  # noqa: E402
+from app.service.db.engine import get_sessionmaker  # noqa: E402
+from app.service.db.models import Job, JobConfig, JobLease, utcnow  # noqa: E402
+from app.service.main import create_app  # noqa: E402
+from app.service.worker import Worker, host_id  # noqa: E402
 from search import SearchRequest, run_search  # noqa: E402
 from service_util import PANGU_JOB, TINY_JOB  # noqa: E402
 

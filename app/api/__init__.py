@@ -1,1 +1,0 @@
-"""The HTTP API: thin route modules (``routes/``) over ``app.services``."""

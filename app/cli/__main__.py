@@ -1,0 +1,5 @@
+"""``python -m app.cli``: the ``paraplan`` command line."""
+
+from .main import main
+
+main()

@@ -1,0 +1,122 @@
+"""``paraplan export``: a ranked config as training-script arguments (Megatron-LM or MindSpeed-LLM).
+
+From a file (what ``paraplan search --json`` printed: ``inputs.model`` is the spec, ``top``/``best``
+entries carry ``rank`` and ``config``), or from a server job (``GET /v1/jobs/{id}/configs/{rank}/launch``).
+Prints the arguments only, one flag per line joined with `` \\`` (see ``app.formats.launch.format_args``).
+Bad input (unreadable file, a field missing, rank out of range, unknown format) exits 2 naming the field;
+so does a config with an option the format cannot express (``search.frameworks``): the message names the
+option and why, and nothing is printed on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from app.formats.launch import FORMATS, InexpressibleError, format_args, launch_args
+
+EXIT_INPUT, EXIT_SERVER = 2, 7
+
+
+def _die(field: str, reason: str, code: int = EXIT_INPUT):
+    click.echo(f"error: {field}: {reason}", err=True)
+    sys.exit(code)
+
+
+def args_from_result(result, rank: int, fmt: str) -> list[str]:
+    """The launch arguments of config ``rank`` of a search result (raises InputError naming the field)."""
+    from pydantic import ValidationError
+
+    from app.formats.inputs import InputError, _validated
+    from costmodel import ModelSpec, TrainingConfig
+
+    if not isinstance(result, dict):
+        raise InputError("result", "must be a JSON object (what `paraplan search --json` prints)")
+    inputs = result.get("inputs")
+    if not isinstance(inputs, dict) or not isinstance(inputs.get("model"), dict):
+        raise InputError("inputs.model", "missing: not a `paraplan search --json` result")
+    spec = _validated(ModelSpec, inputs["model"], "inputs.model")
+    entries = result.get("top")
+    if not isinstance(entries, list):
+        entries = [result["best"]] if isinstance(result.get("best"), dict) else []
+    by_rank = {e.get("rank"): e for e in entries if isinstance(e, dict)}
+    if rank not in by_rank:
+        raise InputError("rank", f"{rank} is out of range: the result ranks "
+                                 f"{len(by_rank)} config(s)" if by_rank else f"{rank}: the result has no configs")
+    config = by_rank[rank].get("config")
+    if not isinstance(config, dict):
+        raise InputError(f"top.{rank}.config", "missing")
+    cfg = _validated(TrainingConfig, config, f"top.{rank}.config")
+    try:
+        return launch_args(cfg, spec, fmt, _scale_up_domain(inputs.get("cluster")))
+    except InexpressibleError as exc:
+        raise InputError(f"top.{rank}.config.{exc.field}", str(exc)) from None
+    except (ValueError, ValidationError) as exc:
+        raise InputError("config", str(exc)) from None
+
+
+def _scale_up_domain(cluster) -> int | None:
+    """Devices per scale-up domain of the result's cluster profile (None when it cannot be loaded here:
+    the options that depend on it are then refused, not guessed)."""
+    from app.formats.inputs import InputError, load_cluster
+
+    if not isinstance(cluster, str):
+        return None
+    try:
+        return int(load_cluster(cluster).fact("scale_up_domain"))
+    except InputError:
+        return None
+
+
+@click.command()
+@click.argument("result_file", metavar="RESULT.json", required=False)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Training framework.")
+@click.option("--rank", type=int, default=1, show_default=True, help="Which ranked config.")
+@click.option("--server", default=None, help="ParaPlan server URL (with --job).")
+@click.option("--job", "job_id", default=None, help="Job id on --server.")
+@click.option("--api-key", default=None, help="API key (default: $PARAPLAN_API_KEY).")
+def export(result_file, fmt, rank, server, job_id, api_key) -> None:
+    """Print a ranked config as Megatron-LM or MindSpeed-LLM training arguments."""
+    from app.formats.inputs import InputError
+
+    if rank < 1:
+        _die("rank", "must be a positive integer")
+    if (result_file is None) == (server is None):
+        _die("RESULT.json", "give either RESULT.json or --server URL --job ID")
+    if server is not None:
+        if not job_id:
+            _die("job", "--server needs --job ID")
+        import httpx
+
+        key = api_key or os.environ.get("PARAPLAN_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        url = f"{server.rstrip('/')}/v1/jobs/{job_id}/configs/{rank}/launch"
+        try:
+            resp = httpx.get(url, params={"format": fmt}, headers=headers, timeout=30)
+        except httpx.HTTPError as exc:
+            _die("server", f"cannot reach {server} ({exc})", EXIT_SERVER)
+        if resp.status_code != 200:
+            try:
+                detail = resp.json()["detail"][0]
+                msg = f"{'.'.join(str(p) for p in detail['loc'])}: {detail['msg']}"
+            except (ValueError, KeyError, IndexError, TypeError):
+                msg = resp.text[:300]
+            _die("server", f"HTTP {resp.status_code}: {msg}",
+                 EXIT_INPUT if 400 <= resp.status_code < 500 and resp.status_code != 429 else EXIT_SERVER)
+        click.echo(resp.text, nl=False)
+        return
+    try:
+        with open(result_file) as fh:
+            result = json.load(fh)
+    except OSError as exc:
+        _die("RESULT.json", f"cannot read {result_file!r} ({exc.strerror})")
+    except json.JSONDecodeError as exc:
+        _die("RESULT.json", f"not valid JSON ({exc})")
+    try:
+        tokens = args_from_result(result, rank, fmt)
+    except InputError as exc:
+        _die(exc.field, exc.reason)
+    click.echo(format_args(tokens), nl=False)

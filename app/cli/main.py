@@ -1,0 +1,337 @@
+"""The ``paraplan`` command line (contract: shared/CONTRACT.md, "Command line").
+
+Machine-readable output goes to stdout with ``--json``; tables otherwise. Bad input is a one-line
+message on stderr naming the field, and exit code 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from costmodel.runtime import tune_allocator
+from search import ENGINES, SearchRequest, SpaceError, run_search, validate_fixed
+from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
+from search.frameworks import FRAMEWORKS, default_framework
+from search.margin import DEFAULT_MEMORY_MARGIN_GIB, margin_problem
+
+from app.formats.bounds import flag_problems
+from app.formats.describe import config_brief, layout_brief, margin_mark, variant_brief
+from app.formats.inputs import InputError, check_config_data, check_devices, load_cluster, load_config, load_model
+from app.formats.results import evaluate as evaluate_config
+from app.formats.validation import read_runs, score_runs
+
+from .console import drop_stdout, longest_word, stdout_console, wrappable
+
+EXIT_INPUT = 2
+EXIT_NO_FIT = 3
+out = stdout_console()
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _fail(exc: InputError) -> None:
+    err.print(f"[red]error:[/red] {exc}", highlight=False)
+    sys.exit(EXIT_INPUT)
+
+
+def _print_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, allow_nan=False))
+
+
+class _Group(click.Group):
+    """The command group; a reader that closes stdout early (``paraplan evaluate ... | head -1``) is not an
+    error: the command stops writing and exits 0 (click's own handling exits 1)."""
+
+    def invoke(self, ctx):
+        try:
+            value = super().invoke(ctx)
+            sys.stdout.flush()  # the last buffered output meets the closed pipe here, not at interpreter exit
+            return value
+        except BrokenPipeError:
+            drop_stdout()
+            ctx.exit(0)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="paraplan")
+def main() -> None:
+    """ParaPlan: parallel-strategy planning for large-model training on Ascend and GPU clusters."""
+    tune_allocator()
+
+
+def _fmt(x, spec: str = ".3f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _evaluation_tables(res: dict) -> None:
+    status = "[green]feasible[/green]" if res["feasible"] else "[red]infeasible[/red]"
+    out.print(f"{status}  step {_fmt(res['step_time_s'])} s  ·  {_fmt(res['tokens_per_s'], ',.0f')} tokens/s  ·  "
+              f"{_fmt(res['tokens_per_s_per_device'], ',.1f')} tokens/s/device  ·  MFU {_fmt(res['mfu'])}  ·  "
+              f"HFU {_fmt(res['hfu'])}")
+    for r in res["infeasible_reasons"]:
+        out.print(f"  [red]{r['code']}[/red]: {r['message']}", highlight=False)
+    for w in res["warnings"]:
+        out.print(f"  [yellow]warning[/yellow]: {w}", highlight=False)
+    if res["step_time_s"] is None:
+        return
+    t = Table(title="time per step", title_justify="left")
+    t.add_column("part")
+    t.add_column("seconds", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in res["time"].items():
+        t.add_row(k.removesuffix("_s"), f"{v:.3f}", f"{v / res['step_time_s']:.1%}")
+    t.add_row("[b]step[/b]", f"[b]{res['step_time_s']:.3f}[/b]", "100%")
+    out.print(t)
+    mem = res["memory"]
+    m = Table(title=f"memory at the peak stage (capacity {mem['capacity_gib']:.1f} GiB)", title_justify="left")
+    for k in ("peak_gib", "params_gib", "grads_gib", "optimizer_gib", "activations_gib"):
+        m.add_column(k.removesuffix("_gib"), justify="right")
+    m.add_row(*(f"{mem[k]:.1f}" for k in ("peak_gib", "params_gib", "grads_gib", "optimizer_gib", "activations_gib")))
+    out.print(m)
+    stages = mem["per_stage_peak_gib"] or []
+    out.print("per-stage peak GiB: " + " ".join(f"{v:.1f}" for v in stages), highlight=False)
+
+
+@main.command()
+@click.option("--model", required=True, help="Preset name, or a JSON/YAML model spec file.")
+@click.option("--cluster", required=True, help="Profile name (hardware_profiles/), or a profile file.")
+@click.option("--devices", required=True, type=int, help="Number of devices.")
+@click.option("--config", "config", required=True, help="Training config: a JSON/YAML file or inline JSON.")
+@click.option("--seq-length", type=int, default=None, help="Override the model's seq_length.")
+@click.option("--json", "as_json", is_flag=True, help="Print the evaluation result as JSON.")
+def evaluate(model, cluster, devices, config, seq_length, as_json) -> None:
+    """Evaluate one training config: step time, throughput, MFU/HFU, time and memory breakdown."""
+    try:
+        for name, problem in flag_problems(devices=devices, seq_length=seq_length):
+            raise InputError(name, problem)
+        spec = load_model(model, seq_length)
+        profile = load_cluster(cluster)
+        cfg = load_config(config)
+        check_devices(devices)
+    except InputError as exc:
+        _fail(exc)
+    result = evaluate_config(spec, profile, devices, cfg)
+    if as_json:
+        _print_json(result)
+    else:
+        _evaluation_tables(result)
+
+
+@main.command()
+@click.argument("runs_file", metavar="RUNS.json")
+@click.option("--json", "as_json", is_flag=True, help="Print the contract's JSON report.")
+@click.option("--worst", default=10, show_default=True, help="How many of the worst runs to list.")
+def validate(runs_file, as_json, worst) -> None:
+    """Score the cost model against published training runs (tokens/s per device)."""
+    try:
+        runs = read_runs(runs_file)
+    except InputError as exc:
+        _fail(exc)
+    report = score_runs(runs)
+    if as_json:
+        public = {**report, "runs": [{k: r.get(k) for k in ("name", "cluster", "predicted", "reported",
+                                                              "error", "feasible")} for r in report["runs"]]}
+        _print_json(public)
+        return
+    out.print(f"MAPE [b]{report['mape']:.3f}[/b] over {report['count']} runs; "
+              f"{report['infeasible']} predicted not to fit")
+    t = Table(title="by cluster", title_justify="left")
+    t.add_column("cluster")
+    t.add_column("runs", justify="right")
+    t.add_column("MAPE", justify="right")
+    for c, v in report["by_cluster"].items():
+        t.add_row(c, str(sum(1 for r in report["runs"] if r["cluster"] == c)), f"{v:.3f}")
+    out.print(t)
+    ranked = sorted(report["runs"], key=lambda r: -(1.0 if r["error"] is None else abs(r["error"])))
+    w = Table(title=f"worst {min(worst, len(ranked))} runs", title_justify="left")
+    for col, just in (("run", "left"), ("cluster", "left"), ("predicted", "right"), ("reported", "right"),
+                      ("error", "right"), ("fits", "left")):
+        w.add_column(col, justify=just, overflow="fold")
+    for r in ranked[:worst]:
+        w.add_row(r["name"], r["cluster"], _fmt(r["predicted"], ",.1f"), f"{r['reported']:,.1f}",
+                  _fmt(r["error"], "+.1%"), "yes" if r["feasible"] else "[red]no[/red]")
+    out.print(w)
+    for r in report["runs"]:
+        if r.get("problem") or not r["feasible"]:
+            why = r.get("problem") or "; ".join(x["message"] for x in r.get("infeasible_reasons", []))
+            out.print(f"  [yellow]{r['name']}[/yellow]: {why}", highlight=False)
+
+
+def _parse_fix(items: tuple[str, ...]) -> dict:
+    fixed = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise InputError("fix", f"{item!r} is not KEY=VALUE")
+        try:
+            fixed[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            fixed[key.strip()] = raw  # a bare string such as recompute=selective
+    return fixed
+
+
+def _layouts_table(layouts: list[dict], title: str, narrow: bool = False) -> Table:
+    """The layouts as a table. ``narrow`` (a terminal too narrow for the wide table, e.g. 80 columns): layout,
+    best variant and variant count in one column that wraps between words, numbers never wrapped, short
+    headers; no column is narrower than its longest word, so no config string is broken mid-word."""
+    def numbers(lay: dict) -> list[str]:
+        ev, mark = lay["evaluation"], margin_mark(lay)
+        return [f"{ev['tokens_per_s_per_device']:,.1f}", f"{ev['mfu']:.3f}", f"{ev['step_time_s']:.2f}",
+                f"{ev['memory']['peak_gib']:.1f}", f"{ev['memory']['headroom_gib']:.1f}",
+                f"[red]{mark}[/red]" if mark == "SHORT" else mark]
+
+    t = Table(title=title, title_justify="left", show_edge=not narrow, pad_edge=not narrow)
+    if not narrow:
+        for col, just in (("rank", "right"), ("layout", "left"), ("best variant", "left"), ("variants", "right"),
+                          ("tokens/s/dev", "right"), ("MFU", "right"), ("step s", "right"), ("peak GiB", "right"),
+                          ("headroom GiB", "right"), ("margin", "left")):
+            t.add_column(col, justify=just, overflow="fold")
+        for lay in layouts:
+            t.add_row(str(lay["best_rank"]), layout_brief(lay["config"]), variant_brief(lay["config"]),
+                      f"{lay['variants']:,}", *numbers(lay))
+        return t
+    texts = [f"{layout_brief(lay['config'])}\n{wrappable(variant_brief(lay['config']))} "
+             f"({lay['variants']:,} variants)" for lay in layouts]
+    # The number columns get exactly their widest cell (headers wrap between words), the text column the rest.
+    t.add_column("rank", justify="right", width=longest_word(["rank"] + [str(lay["best_rank"]) for lay in layouts]))
+    t.add_column("layout / best variant", min_width=longest_word(texts))
+    cells = [[c.removeprefix("[red]").removesuffix("[/red]") for c in numbers(lay)] for lay in layouts]
+    for i, col in enumerate(("tok/s per dev", "MFU", "step s", "peak GiB", "head- room GiB", "margin")):
+        t.add_column(col, justify="left" if col == "margin" else "right",
+                     width=longest_word([col] + [c[i] for c in cells]))
+    for lay, text in zip(layouts, texts):
+        t.add_row(str(lay["best_rank"]), text, *numbers(lay))
+    return t
+
+
+def _search_table(result: dict, margin_gib: float) -> None:
+    """The top K distinct layouts, each with its best variant (``--json`` has every ranked config)."""
+    out.print(f"engine [b]{result['engine']}[/b] · space {result['space_size']:,} configs · "
+              f"{result['trials']:,} scored · {result['feasible_trials']:,} feasible · "
+              f"{result['search_time_s']:.1f} s · memory margin {margin_gib:g} GiB", soft_wrap=False)
+    layouts = result["layouts"]
+    title = (f"top {len(layouts)} layouts (of {result['feasible_layouts']:,} with a config that fits); "
+             "rank: of the best variant among all ranked configs")
+    table = _layouts_table(layouts, title)
+    if out.measure(table, options=out.options.update_width(10_000)).maximum > out.width:
+        # a terminal narrower than the wide table (e.g. 80 columns): layout and variant share one column
+        table = _layouts_table(layouts, title, narrow=True)
+    out.print(table, soft_wrap=False)
+    if any(lay.get("keeps_margin") is False for lay in layouts):
+        out.print(f"SHORT: headroom below the {margin_gib:g} GiB memory margin (allocator fragmentation and "
+                  "communication buffers are not in the model): ranked after every config that keeps the margin, "
+                  "and may not fit in practice.", highlight=False, soft_wrap=False)
+
+
+@main.command()
+@click.option("--model", required=True, help="Preset name, or a JSON/YAML model spec file.")
+@click.option("--cluster", required=True, help="Profile name (hardware_profiles/), or a profile file.")
+@click.option("--devices", required=True, type=int, help="Number of devices.")
+@click.option("--global-batch-size", required=True, type=int, help="Sequences per step.")
+@click.option("--trials", type=int, default=DEFAULT_TRIALS, show_default=True, help="Trials for the samplers.")
+@click.option("--sampler", type=click.Choice(ENGINES), default="auto", show_default=True)
+@click.option("--top", "top_k", type=int, default=DEFAULT_TOP_K, show_default=True, help="How many configs to rank.")
+@click.option("--seed", type=int, default=None, help="Sampler seed (same seed, same result).")
+@click.option("--fix", "fix", multiple=True, metavar="KEY=VALUE", help="Pin a config field (repeatable).")
+@click.option("--precision", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True)
+@click.option("--moe-load-imbalance", type=float, default=None, help="max/mean routed tokens per EP rank (≥ 1).")
+@click.option("--seq-length", type=int, default=None, help="Override the model's seq_length.")
+@click.option("--allow-cross-domain-tp", is_flag=True, help="Let tp span more than one scale-up domain.")
+@click.option("--storage", default=None, help="Optuna storage URL for sampler studies (default: in memory).")
+@click.option("--study-name", default=None, help="Optuna study name (with --storage).")
+@click.option("--timeout", "timeout_s", type=float, default=None, help="Stop sampling after this many seconds.")
+@click.option("--memory-margin-gib", "memory_margin_gib", type=float, default=DEFAULT_MEMORY_MARGIN_GIB,
+              show_default=True, help="Headroom (GiB) a recommendation keeps for allocator fragmentation and "
+                                      "communication buffers; configs short of it rank last (docs/search.md).")
+@click.option("--framework", type=click.Choice(FRAMEWORKS), default=None,
+              help="Training framework planned for: only configs it can express are searched (default: mindspeed "
+                   "for Ascend profiles, megatron otherwise; docs/search.md).")
+@click.option("--json", "as_json", is_flag=True, help="Print the contract's JSON result.")
+def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix, precision,
+           moe_load_imbalance, seq_length, allow_cross_domain_tp, storage, study_name, timeout_s, memory_margin_gib,
+           framework, as_json) -> None:
+    """Find the configs with the highest predicted throughput that fit in memory."""
+    try:
+        # app/formats/bounds.py: the same bounds as the API's and the files'
+        for name, problem in flag_problems(devices=devices, global_batch_size=global_batch_size, trials=trials,
+                                           top=top_k, seed=seed, seq_length=seq_length, timeout_s=timeout_s,
+                                           moe_load_imbalance=moe_load_imbalance):
+            raise InputError(name, problem)
+        if (problem := margin_problem(memory_margin_gib)) is not None:
+            raise InputError("memory_margin_gib", problem)
+        spec = load_model(model, seq_length)
+        profile = load_cluster(cluster)
+        if (problem := margin_problem(memory_margin_gib, profile.fact("memory_gib"))) is not None:
+            raise InputError("memory_margin_gib", problem)
+        fixed = _parse_fix(fix)
+        check_config_data(fixed, "fix")
+        fixed = validate_fixed(fixed, global_batch_size)
+        req = SearchRequest(spec=spec, profile=profile, devices=devices, global_batch_size=global_batch_size,
+                            sampler=sampler, n_trials=trials, top_k=top_k, seed=seed, fixed=fixed,
+                            precision=precision, moe_load_imbalance=moe_load_imbalance,
+                            allow_cross_domain_tp=allow_cross_domain_tp, storage=storage,
+                            study_name=study_name, timeout_s=timeout_s, memory_margin_gib=memory_margin_gib,
+                            framework=framework or default_framework(profile.name))
+        result = _run_with_progress(req)
+    except SpaceError as exc:
+        _fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
+    except InputError as exc:
+        _fail(exc)
+    full = {"inputs": {"model": spec.model_dump(mode="json", exclude_none=True), "cluster": profile.name,
+                       "devices": devices, "global_batch_size": global_batch_size, "precision": precision,
+                       "moe_load_imbalance": moe_load_imbalance, "memory_margin_gib": memory_margin_gib,
+                       "framework": req.framework}, **result}
+    if as_json:
+        _print_json(full)
+    elif result["top"]:
+        _search_table(result, memory_margin_gib)
+    best = result["best"]
+    if best is not None and best.get("keeps_margin") is False:
+        err.print(f"[yellow]warning:[/yellow] no config keeps the {memory_margin_gib:g} GiB memory margin; the best "
+                  f"leaves {best['evaluation']['memory']['headroom_gib']:.1f} GiB of headroom", highlight=False)
+    if result["best"] is None:
+        smallest = result.get("smallest_peak_gib")
+        where = (f": the smallest peak found is {smallest:.1f} GiB at {config_brief(result['smallest_peak_config'])}"
+                 if smallest is not None else ": no structurally valid config was found")
+        err.print(f"[red]no config fits in {profile.fact('memory_gib'):g} GiB[/red]{where}", highlight=False)
+        sys.exit(EXIT_NO_FIT)
+
+
+def _run_with_progress(req: SearchRequest) -> dict:
+    """Run the search with a progress bar on stderr when it is a terminal."""
+    import optuna
+
+    # Optuna logs every study it creates at INFO on its own stderr handler ("A new study created in memory
+    # ..."): noise in a command whose stderr carries only progress, warnings and errors. Its warnings stay.
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if not err.is_terminal:
+        return run_search(req)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("searching", total=None)
+        return run_search(req, progress=lambda done, total: bar.update(task, completed=done, total=total))
+
+
+from .commands import serve, submit, worker  # noqa: E402 - the service commands (app/cli/commands/)
+
+main.add_command(serve)
+main.add_command(worker)
+main.add_command(submit)
+
+from .commands.report import report  # noqa: E402 - the HTML job report
+
+main.add_command(report)
+
+from .commands.export import export  # noqa: E402 - training-script arguments (app/formats/launch.py)
+
+main.add_command(export)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Turning user input (preset names, files, inline JSON, dicts) into validated cost-model objects.
+
+Every failure is an ``InputError`` whose message names the field and the reason; callers turn it into
+a CLI message with exit code 2 (or an HTTP 422).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+import hardware_profiles
+import model_presets
+from costmodel import ClusterProfile, ModelSpec, TrainingConfig
+
+from .bounds import MAX_DEVICES, SPEC_CAPS, config_problems, int_problem, layout_problem
+from .errors import InputError  # noqa: F401 - re-exported: callers catch app.formats.inputs.InputError
+
+
+def describe_validation_error(exc: ValidationError, prefix: str) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        where = f"{prefix}.{loc}" if loc else prefix
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _validated(cls, data, prefix: str):
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        field = f"{prefix}.{loc}" if loc else prefix
+        others = len(exc.errors()) - 1
+        reason = first["msg"] + (f" (and {others} more: {describe_validation_error(exc, prefix)})" if others else "")
+        raise InputError(field, reason) from None
+
+
+def read_mapping(text_or_path: str, field: str) -> dict:
+    """A JSON/YAML object given inline or as a file path."""
+    path = Path(text_or_path)
+    try:
+        if path.is_file():
+            text = path.read_text()
+            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        else:
+            data = json.loads(text_or_path)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise InputError(field, f"not valid JSON/YAML ({exc})") from None
+    except OSError as exc:
+        raise InputError(field, f"cannot read {text_or_path!r} ({exc.strerror})") from None
+    if not isinstance(data, dict):
+        raise InputError(field, "must be a JSON object (or a file holding one)")
+    return data
+
+
+def load_model(model: str | dict, seq_length: int | None = None) -> ModelSpec:
+    if isinstance(model, str) and model.lstrip().startswith("{"):
+        model = read_mapping(model, "model")  # inline JSON spec
+    from .hf_config import maybe_hf  # a Hugging Face config.json (path or mapping) becomes spec fields
+
+    model = maybe_hf(model, seq_length)
+    try:
+        data = model_presets.spec_data(model)
+    except model_presets.PresetNotFound as exc:
+        raise InputError("model", str(exc).strip('"')) from None
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise InputError("model", str(exc)) from None
+    if seq_length is not None:
+        data["seq_length"] = seq_length
+    spec = _validated(ModelSpec, data, "model")
+    for key, cap in SPEC_CAPS.items():  # app/formats/bounds.py: the same bounds for files, inline JSON and the API
+        v = getattr(spec, key, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > cap:
+            raise InputError(f"model.{key}", f"{v} is beyond any real model (at most {cap:,})")
+    return spec
+
+
+def load_cluster(cluster: str | dict) -> ClusterProfile:
+    try:
+        data = hardware_profiles.load_data(cluster)
+    except hardware_profiles.ProfileNotFound as exc:
+        raise InputError("cluster", str(exc).strip('"')) from None
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise InputError("cluster", str(exc)) from None
+    return _validated(ClusterProfile, data, "cluster")
+
+
+def check_config_data(data: dict, prefix: str = "config") -> None:
+    """A config mapping's integers and pipeline_layout within the bounds of ``app/formats/bounds.py``."""
+    for key, reason in config_problems(data):
+        raise InputError(f"{prefix}.{key}", reason)
+    if (problem := layout_problem(data.get("pipeline_layout"))) is not None:
+        raise InputError(f"{prefix}.pipeline_layout", problem)
+
+
+def load_config(config: str | dict) -> TrainingConfig:
+    data = read_mapping(config, "config") if isinstance(config, str) else config
+    if isinstance(data, dict):
+        check_config_data(data)
+    return _validated(TrainingConfig, data, "config")
+
+
+def check_devices(devices: int) -> int:
+    if devices <= 0:
+        raise InputError("devices", "must be a positive number of devices")
+    if (problem := int_problem(devices, MAX_DEVICES)) is not None:
+        raise InputError("devices", problem)
+    return devices

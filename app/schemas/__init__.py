@@ -1,1 +1,0 @@
-"""Pydantic request/response models of the HTTP API (apart from the SQLAlchemy tables in ``app.db``)."""

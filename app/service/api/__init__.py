@@ -1,0 +1,1 @@
+"""The HTTP API: thin route modules (``routes/``) over ``app.service.services``."""

@@ -1,0 +1,58 @@
+"""The service's settings, read from the environment in one place.
+
+``DATABASE_URL`` and ``PARAPLAN_API_KEYS`` are the contract's names; every other setting is
+``PARAPLAN_<NAME>`` (e.g. ``PARAPLAN_MAX_TRIALS=2000``). The README's "Service" section lists them.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.formats.bounds import MAX_DEVICES, MAX_TIMEOUT_S, MAX_TOP_K, MAX_TRIALS
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PARAPLAN_", extra="ignore", populate_by_name=True)
+
+    database_url: str = Field("sqlite:///./paraplan.db",
+                              validation_alias=AliasChoices("DATABASE_URL", "PARAPLAN_DATABASE_URL"),
+                              description="SQLAlchemy URL of the jobs database (also holds the Optuna studies).")
+    api_keys: str = Field("", validation_alias=AliasChoices("PARAPLAN_API_KEYS"),
+                          description="Comma-separated keys; when set, /v1 and /metrics need "
+                                      "`Authorization: Bearer KEY`.")
+
+    # Caps on what one request may ask for (bad input beyond them is a 4xx, never work). Their upper bounds are
+    # the ceilings the OpenAPI document declares (app/service/schemas): a setting can lower a cap, not raise it past those.
+    # 10,000 trials and 100,000 devices are the documented floor of what a job may ask for by default.
+    max_trials: int = Field(10_000, ge=1, le=MAX_TRIALS, description="Largest search.n_trials a job may ask for.")
+    max_top_k: int = Field(100, ge=1, le=MAX_TOP_K, description="Largest search.top_k.")
+    max_timeout_s: float = Field(3600.0, gt=0, le=MAX_TIMEOUT_S, description="Largest search.timeout_s.")
+    max_devices: int = Field(MAX_DEVICES, ge=1, le=MAX_DEVICES, description="Largest device count.")
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="Largest request body (bytes); larger is 413.")
+    max_queued_jobs: int = Field(1000, ge=1, description="Queued jobs per API key beyond which that key's "
+                                                         "POST /v1/jobs is 429 (one shared count when the "
+                                                         "server has no keys).")
+
+    # Worker.
+    lease_s: float = Field(15.0, gt=1, description="A worker's lease on a running job, renewed every half second; "
+                                                   "when a worker dies another takes the job this long after.")
+    trial_heartbeat_s: int = Field(1, ge=1, description="Optuna's trial heartbeat interval (RDBStorage "
+                                                        "heartbeat_interval, whole seconds).")
+    trial_grace_s: int = Field(10, ge=1, description="A running trial with no heartbeat for this long is failed and "
+                                                     "run again (RDBStorage grace_period, whole seconds).")
+    poll_s: float = Field(0.5, gt=0, description="How often an idle worker looks for a queued job.")
+    progress_s: float = Field(1.0, gt=0, description="How often a running job's progress is written.")
+    max_attempts: int = Field(3, ge=1, description="Lost leases (its workers died) after which a job fails.")
+    embedded_worker: bool = Field(True, description="`paraplan serve` runs a worker thread beside the API.")
+
+    @property
+    def api_key_list(self) -> list[str]:
+        return [k.strip() for k in self.api_keys.split(",") if k.strip()]
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

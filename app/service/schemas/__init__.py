@@ -1,0 +1,1 @@
+"""Pydantic request/response models of the HTTP API (apart from the SQLAlchemy tables in ``app.service.db``)."""

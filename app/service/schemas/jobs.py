@@ -1,0 +1,175 @@
+"""Jobs: the request that creates one, its options, and the job as the API returns it."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.formats.bounds import (MAX_DEVICES, MAX_GLOBAL_BATCH_SIZE, MAX_MOE_LOAD_IMBALANCE, MAX_SEED,  # noqa: F401
+                        MAX_SEQ_LENGTH, MAX_TIMEOUT_S, MAX_TOP_K, MAX_TRIALS, MIN_MOE_LOAD_IMBALANCE)
+from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
+from search.margin import DEFAULT_MEMORY_MARGIN_GIB, MAX_MEMORY_MARGIN_GIB
+
+from .evaluation import RankedConfig, RankedLayout
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+Sampler = Literal["auto", "tpe", "nsga2", "random", "exhaustive"]
+
+MODEL_FIELD = Field(
+    description="A model preset name (`GET /v1/models`), a full model spec (Megatron-Core names, "
+                "CONTRACT.md \"Model spec\"), or a preset with overrides: `{\"base\": \"<preset>\", ...}`.",
+    examples=["pangu-ultra-moe-718b", {"base": "pangu-ultra-moe-718b", "seq_length": 8192}])
+CLUSTER_FIELD = Field(
+    description="A cluster profile name (`GET /v1/clusters`), a full profile, or a profile with overrides: "
+                "`{\"base\": \"<profile>\", \"facts\": {\"memory_gib\": {\"value\": 96, \"source\": \"...\"}}}`.",
+    examples=["ascend-910b"])
+
+# Ceilings of the numbers a request may carry (app/formats/bounds.py, the same for the CLI and files), declared in the
+# OpenAPI document (a value above one is a 422 naming the field). The settings PARAPLAN_MAX_DEVICES /
+# _MAX_TRIALS / _MAX_TOP_K / _MAX_TIMEOUT_S may set lower caps, also answered with a 422 naming the field.
+
+
+class SearchOptions(BaseModel):
+    """How to search; every field is optional. Defaults: `auto` sampler, 500 trials, top 10, a random
+    seed (recorded in the job, so the job can be re-run exactly), no time limit, nothing pinned, a 4 GiB
+    memory margin."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sampler: Sampler = Field("auto", description="`auto` is `exhaustive` for spaces of at most 20,000,000 "
+                                                 "configs, else `tpe` (docs/search.md).")
+    n_trials: int = Field(DEFAULT_TRIALS, ge=1, le=MAX_TRIALS,
+                          description="Optuna trials (samplers); at most PARAPLAN_MAX_TRIALS (default 10000).")
+    top_k: int = Field(DEFAULT_TOP_K, ge=1, le=MAX_TOP_K,
+                       description="How many ranked configs to keep (at most PARAPLAN_MAX_TOP_K, default 100).")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Sampler seed; same seed, same result. "
+                                                                   "Chosen at random (and recorded) when absent.")
+    timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S,
+                                    description="Stop sampling after this many seconds (at most "
+                                                "PARAPLAN_MAX_TIMEOUT_S, default 3600).")
+    fixed: dict[str, Any] = Field(default_factory=dict, description="Config fields pinned to one value "
+                                                                    "(as `--fix KEY=VALUE`).",
+                                  examples=[{"recompute": "selective", "tp": 8}])
+    allow_cross_domain_tp: bool = Field(False, description="Let tp span more than one scale-up domain.")
+    parallel_workers: int = Field(1, ge=1, le=64, description="Workers that may run this job's Optuna study at "
+                                                              "once, each adding trials until `n_trials` finished "
+                                                              "trials are in the study (samplers only; an "
+                                                              "exhaustive search runs on one worker).")
+    memory_margin_gib: float = Field(
+        DEFAULT_MEMORY_MARGIN_GIB, ge=0, le=MAX_MEMORY_MARGIN_GIB, allow_inf_nan=False,
+        description="Memory headroom (GiB) a recommendation keeps for what the cost model does not count "
+                    "(allocator fragmentation, communication buffers); configs short of it are still ranked, after "
+                    "every config that keeps it, and flagged. Must be below the device memory. Default 4 GiB "
+                    "(docs/search.md: why).")
+    framework: Literal["megatron", "mindspeed"] | None = Field(
+        None, description="The training framework planned for: the search offers only configs it can express, so "
+                          "the launch arguments of the same format (`.../launch?format=`) carry every choice out. "
+                          "Default: `mindspeed` (MindSpeed-LLM) for Ascend profiles, `megatron` (Megatron-LM) "
+                          "otherwise (docs/search.md, \"Frameworks\").")
+
+
+class JobCreate(BaseModel):
+    """A search job: the inputs of `paraplan search`."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "model": "pangu-ultra-moe-718b", "cluster": "ascend-910b", "devices": 6144,
+        "global_batch_size": 7680, "search": {"sampler": "tpe", "n_trials": 200, "seed": 7}}]})
+
+    model: str | dict[str, Any] = MODEL_FIELD
+    cluster: str | dict[str, Any] = CLUSTER_FIELD
+    devices: int = Field(ge=1, le=MAX_DEVICES, description="Number of devices (at most PARAPLAN_MAX_DEVICES).",
+                         examples=[6144])
+    global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH_SIZE, description="Sequences per step (at most "
+                                   "100,000,000, as in a config).", examples=[7680])
+    precision: Literal["bf16", "fp8"] = Field("bf16", description="`fp8` needs a profile FP8 peak.")
+    moe_load_imbalance: float | None = Field(None, ge=MIN_MOE_LOAD_IMBALANCE, le=MAX_MOE_LOAD_IMBALANCE,
+                                            description="max/mean routed tokens per EP rank; default 1.15.")
+    seq_length: int | None = Field(None, ge=1, le=MAX_SEQ_LENGTH, description="Override the model's "
+                                                                          "seq_length (as `--seq-length`).")
+    search: SearchOptions = Field(default_factory=SearchOptions)
+
+
+class Progress(BaseModel):
+    trials_done: int = Field(description="Finished trials (configs scored for `exhaustive`); "
+                                         "updated at least every 2 s while running.", examples=[120])
+    trials_total: int = Field(description="Trials asked for (the space size for `exhaustive`).", examples=[200])
+
+
+class ResolvedSearch(SearchOptions):
+    seed: int = Field(description="The seed used (chosen at random when the request had none).")
+    engine: str = Field(description="The engine that runs: `auto` resolved at submission.", examples=["tpe"])
+    space_size: int = Field(description="Configs in the search space.", examples=[11894960])
+    memory_margin_gib: float | None = Field(None, description="The memory margin the job ranks with (GiB); null "
+                                                              "for jobs submitted before margins existed.")
+    framework: Literal["megatron", "mindspeed"] | None = Field(
+        None, description="The framework planned for (the default resolved at submission); null for jobs submitted "
+                          "before frameworks existed, which searched every option.", examples=["mindspeed"])
+
+
+class JobInputs(BaseModel):
+    """The exact inputs of the job: enough to reproduce its result."""
+
+    model: dict[str, Any] = Field(description="The model spec after loading (preset and overrides merged).")
+    cluster: str = Field(description="The cluster profile's name.", examples=["ascend-910b"])
+    profile_version: str = Field(description="Hash of the profile used (facts and calibrated factors).",
+                                 examples=["4f6c1a0e9b2d"])
+    devices: int
+    global_batch_size: int
+    precision: str
+    moe_load_imbalance: float | None
+    search: ResolvedSearch
+    paraplan_version: str
+
+
+class JobSummary(BaseModel):
+    """What the search did (as in `paraplan search --json`, without the ranked lists)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    engine: str
+    space_size: int
+    trials: int = Field(description="Configs scored (`exhaustive`) or Optuna trials (samplers).")
+    feasible_trials: int
+    search_time_s: float
+    configs_scored: int | None = None
+    study_name: str | None = Field(None, description="The job's Optuna study, stored in the same database.")
+    smallest_peak_gib: float | None = None
+    smallest_peak_config: dict[str, Any] | None = None
+
+
+class JobOut(BaseModel):
+    id: str = Field(description="A UUID.", examples=["0b5c8c52-3c2e-4a53-9f43-3f3f7f2a8f10"])
+    status: Status = Field(description="`queued` → `running` → `succeeded` | `failed` | `cancelled`.")
+    progress: Progress
+    best: RankedConfig | None = Field(description="Rank 1 once succeeded; null while not finished, and when "
+                                                  "no config fits (the job still `succeeded`).")
+    error: str | None = Field(description="Why the job failed, in words.", examples=[None])
+    inputs: JobInputs
+    summary: JobSummary | None = Field(description="Counts of a finished search.")
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    updated_at: dt.datetime
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class ConfigPage(BaseModel):
+    items: list[RankedConfig]
+    total: int
+    limit: int
+    offset: int
+
+
+class LayoutPage(BaseModel):
+    items: list[RankedLayout]
+    total: int
+    limit: int
+    offset: int

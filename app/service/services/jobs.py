@@ -1,0 +1,335 @@
+"""Jobs as stored rows: creating one (inputs checked and resolved first), reading, listing, cancelling,
+deleting, and the row -> API shape."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import uuid
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, defer
+
+from app.service.core.config import Settings
+from app.service.db.models import FINISHED, Job, JobConfig, JobLease, utcnow
+from app.service.schemas.jobs import JobCreate
+from costmodel.result import PARAPLAN_VERSION
+from search import AUTO_EXHAUSTIVE_MAX, SpaceError, build_space, validate_fixed
+from search.frameworks import default_framework
+from search.margin import margin_fields, margin_problem
+
+from .errors import field_loc, http_error, invalid, not_found
+from .inputs import (GRID_CAP, check_config_ints, check_layout, check_stages, grid_estimate, resolve_cluster,
+                     resolve_model)
+
+log = logging.getLogger("paraplan.jobs")
+
+REQUEST_FIELDS = ("model", "cluster", "devices", "global_batch_size", "precision", "moe_load_imbalance",
+                  "seq_length")
+
+
+def study_name(job_id: str) -> str:
+    return f"paraplan-job-{job_id}"
+
+
+def _space_error(exc: SpaceError):
+    field, reason = exc.field, str(exc).split(": ", 1)[-1]
+    if field == "fix":
+        return invalid(["body", "search", "fixed"], reason)
+    if field.startswith("fix."):
+        return invalid(["body", "search", "fixed", *field_loc(field[4:], "")[1:]], reason)
+    if field in REQUEST_FIELDS:
+        return invalid(["body", field], reason)
+    if field == "framework":
+        return invalid(["body", "search", "framework"], reason)
+    return invalid(["body", "devices"], f"{field}: {reason}")
+
+
+def _check_caps(body: JobCreate, settings: Settings) -> None:
+    s = body.search
+    if body.devices > settings.max_devices:
+        raise invalid(["body", "devices"], f"at most {settings.max_devices:,} devices", "less_than_equal")
+    if s.n_trials > settings.max_trials:
+        raise invalid(["body", "search", "n_trials"], f"at most {settings.max_trials:,} trials per job "
+                                                      "(PARAPLAN_MAX_TRIALS)", "less_than_equal")
+    if s.top_k > settings.max_top_k:
+        raise invalid(["body", "search", "top_k"], f"at most {settings.max_top_k}", "less_than_equal")
+    if s.timeout_s is not None and s.timeout_s > settings.max_timeout_s:
+        raise invalid(["body", "search", "timeout_s"], f"at most {settings.max_timeout_s:g} s", "less_than_equal")
+
+
+def request_hash(body: JobCreate) -> str:
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def prepare(body: JobCreate, settings: Settings) -> dict:
+    """Check and resolve a job's inputs (the 422s happen here, before anything is stored)."""
+    _check_caps(body, settings)
+    spec = resolve_model(body.model, body.seq_length)
+    profile = resolve_cluster(body.cluster)
+    s = body.search
+    if body.precision == "fp8" and not profile.has_fp8:
+        raise invalid(["body", "precision"], f"fp8 needs an FP8 peak, which profile {profile.name} does not have")
+    if (problem := margin_problem(s.memory_margin_gib, profile.fact("memory_gib"))) is not None:
+        raise invalid(["body", "search", "memory_margin_gib"], problem)
+    check_config_ints(s.fixed, ["body", "search", "fixed"])
+    check_layout(s.fixed.get("pipeline_layout"), ["body", "search", "fixed", "pipeline_layout"])
+    try:
+        fixed = validate_fixed(dict(s.fixed), body.global_batch_size)
+    except SpaceError as exc:
+        raise _space_error(exc) from None
+    check_stages(spec, fixed.get("pp"), fixed.get("vpp"), ["body", "search", "fixed"])
+    if grid_estimate(spec, profile, body.devices, fixed, s.allow_cross_domain_tp) > GRID_CAP:
+        raise invalid(["body", "devices"], "the search space of this model on this many devices is too large for "
+                                           "the service; pin some dimensions with search.fixed")
+    framework = s.framework or default_framework(profile.name)
+    try:
+        space = build_space(spec, profile, body.devices, body.global_batch_size, precision=body.precision,
+                            moe_load_imbalance=body.moe_load_imbalance, fixed=fixed,
+                            allow_cross_domain_tp=s.allow_cross_domain_tp, framework=framework)
+    except SpaceError as exc:
+        raise _space_error(exc) from None
+    engine = s.sampler
+    if engine == "auto":
+        engine = "exhaustive" if space.size <= AUTO_EXHAUSTIVE_MAX else "tpe"
+    if engine == "exhaustive" and s.parallel_workers > 1 and s.sampler == "exhaustive":
+        raise invalid(["body", "search", "parallel_workers"], "an exhaustive search runs on one worker (it scores "
+                                                             "every config in seconds); parallel_workers is for the "
+                                                             "samplers tpe, nsga2 and random")
+    seed = s.seed if s.seed is not None else secrets.randbelow(2**31)
+    search = {**s.model_dump(mode="json"), "fixed": json.loads(json.dumps(fixed, default=str)), "seed": seed,
+              "engine": engine, "space_size": int(space.size), "framework": framework,
+              "parallel_workers": s.parallel_workers if engine != "exhaustive" else 1}
+    return {
+        "model_spec": spec.model_dump(mode="json"),
+        "cluster_name": profile.name,
+        "cluster_profile": profile.model_dump(mode="json"),
+        "profile_version": profile.version(),
+        "devices": body.devices,
+        "global_batch_size": body.global_batch_size,
+        "precision": body.precision,
+        "moe_load_imbalance": body.moe_load_imbalance,
+        "search": search,
+        "paraplan_version": PARAPLAN_VERSION,
+        "trials_total": int(space.size) if engine == "exhaustive" else s.n_trials,
+    }
+
+
+def create(db: Session, body: JobCreate, settings: Settings, scope: str,
+           idempotency_key: str | None) -> tuple[Job, bool]:
+    """The new job, owned by ``scope`` (the caller's API-key hash); or, for a replayed Idempotency-Key with
+    the same body, the existing one (``True``)."""
+    digest = request_hash(body)
+    if idempotency_key is not None:
+        existing = _by_key(db, scope, idempotency_key)
+        if existing is not None:
+            return _replay(existing, digest), True
+    _check_queue(db, scope, settings.max_queued_jobs)
+    fields = prepare(body, settings)
+    now = utcnow()
+    job = Job(id=str(uuid.uuid4()), status="queued", created_at=now, updated_at=now,
+              request=body.model_dump(mode="json", exclude_unset=True), trials_done=0, cancel_requested=False,
+              attempts=0, owner=scope, idempotency_scope=scope if idempotency_key is not None else None,
+              idempotency_key=idempotency_key, request_hash=digest, **fields)
+    db.add(job)
+    try:
+        db.commit()
+    except IntegrityError:  # the same key, submitted concurrently
+        db.rollback()
+        existing = _by_key(db, scope, idempotency_key)
+        if existing is None:
+            raise
+        return _replay(existing, digest), True
+    log.info("job %s queued", job.id, extra={"job_id": job.id})
+    return job, False
+
+
+def _check_queue(db: Session, scope: str, cap: int) -> None:
+    """429 when this API key already has ``cap`` queued jobs. The cap is per key so that one busy client
+    cannot lock the others out (without keys every caller shares the scope "" and so one count)."""
+    queued = db.scalar(select(func.count()).select_from(Job).where(Job.owner == scope, Job.status == "queued"))
+    if queued >= cap:
+        raise http_error(429, ["body"], f"this API key already has {queued} queued jobs "
+                                        "(PARAPLAN_MAX_QUEUED_JOBS); retry later", "too_many_jobs",
+                         headers={"Retry-After": "30"})
+
+
+def _by_key(db: Session, scope: str, key: str) -> Job | None:
+    return db.scalar(select(Job).where(Job.idempotency_scope == scope, Job.idempotency_key == key))
+
+
+def _replay(job: Job, digest: str) -> Job:
+    if job.request_hash != digest:
+        raise http_error(409, ["header", "Idempotency-Key"], "this Idempotency-Key was used with another body "
+                                                             f"(job {job.id})", "idempotency_conflict")
+    return job
+
+
+# Columns the API never shows (the exact inputs kept for reproduction) or shows on their own route (the
+# layouts): not read for the job views.
+_HEAVY = (defer(Job.cluster_profile), defer(Job.request), defer(Job.layouts))
+
+
+def get(db: Session, job_id: str, *, owner: str) -> Job:
+    """The job if ``owner`` (the caller's scope) created it; else 404, the same as for an unknown id, so that
+    a key cannot even learn that another key's job exists."""
+    job = db.scalar(select(Job).options(*_HEAVY).where(Job.id == job_id, Job.owner == owner)) \
+        if _is_uuid(job_id) else None
+    if job is None:
+        raise not_found(job_id)
+    return job
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        return str(uuid.UUID(text)) == text.lower()
+    except (ValueError, AttributeError, TypeError):
+        return False
+
+
+def list_jobs(db: Session, status: str | None, limit: int, offset: int, *, owner: str) -> tuple[list[Job], int]:
+    """A page of ``owner``'s jobs, newest first, and how many of its jobs match."""
+    q = select(Job).options(*_HEAVY).where(Job.owner == owner)
+    count = select(func.count()).select_from(Job).where(Job.owner == owner)
+    if status:
+        q, count = q.where(Job.status == status), count.where(Job.status == status)
+    total = db.scalar(count)
+    rows = db.scalars(q.order_by(Job.created_at.desc(), Job.id).limit(limit).offset(offset)).all()
+    return list(rows), int(total)
+
+
+def best_of(db: Session, jobs: list[Job]) -> dict[str, JobConfig]:
+    ids = [j.id for j in jobs if j.status == "succeeded"]
+    if not ids:
+        return {}
+    rows = db.scalars(select(JobConfig).where(JobConfig.job_id.in_(ids), JobConfig.rank == 1)).all()
+    return {r.job_id: r for r in rows}
+
+
+CONFIG_SORTS = {"rank": JobConfig.rank.asc(), "tokens_per_s": JobConfig.tokens_per_s.desc(),
+                "mfu": JobConfig.mfu.desc(), "peak_gib": JobConfig.peak_gib.asc()}
+
+
+def exists(db: Session, job_id: str, *, owner: str) -> None:
+    """404 unless ``owner`` has this job (a cheap check: no JSON columns are read)."""
+    if not _is_uuid(job_id) or db.scalar(select(Job.id).where(Job.id == job_id, Job.owner == owner)) is None:
+        raise not_found(job_id)
+
+
+def margin_of(db: Session, job_id: str) -> float | None:
+    """The memory margin a job ranks with (GiB); None for jobs from before margins."""
+    return _margin((db.scalar(select(Job.search).where(Job.id == job_id)) or {}))
+
+
+def _margin(search: dict) -> float | None:
+    value = (search or {}).get("memory_margin_gib")
+    return None if value is None else float(value)
+
+
+def configs(db: Session, job_id: str, limit: int, offset: int, sort: str = "rank", min_mfu: float | None = None,
+            max_peak_gib: float | None = None, margin_gib: float | None = None) -> tuple[list[dict], int]:
+    """A page of ranked configs (as API dicts, with whether each keeps ``margin_gib``) and how many match."""
+    where = [JobConfig.job_id == job_id]
+    if min_mfu is not None:
+        where.append(JobConfig.mfu >= min_mfu)
+    if max_peak_gib is not None:
+        where.append(JobConfig.peak_gib <= max_peak_gib)
+    rows = db.execute(select(JobConfig.rank, JobConfig.config, JobConfig.evaluation).where(*where)
+                      .order_by(CONFIG_SORTS[sort], JobConfig.rank).limit(limit).offset(offset)).all()
+    if len(rows) < limit and (rows or offset == 0):
+        total = offset + len(rows)  # the last page: no count query needed
+    else:
+        total = db.scalar(select(func.count()).select_from(JobConfig).where(*where))
+    return [ranked_entry(r.rank, r.config, r.evaluation, margin_gib) for r in rows], int(total)
+
+
+def layouts(db: Session, job_id: str, limit: int, offset: int) -> tuple[list[dict], int]:
+    """A page of the job's top layouts (best first) and how many it has; none until it has succeeded."""
+    items = db.scalar(select(Job.layouts).where(Job.id == job_id)) or []
+    return items[offset:offset + limit], len(items)
+
+
+def ranked_config(db: Session, job: Job, rank: int) -> JobConfig:
+    """Config ``rank`` of a job (already checked to be the caller's); 404 naming the rank when it has none."""
+    row = db.scalar(select(JobConfig).where(JobConfig.job_id == job.id, JobConfig.rank == rank))
+    if row is None:
+        raise http_error(404, ["path", "rank"], f"job {job.id!r} has no config of rank {rank}", "not_found")
+    return row
+
+
+def cancel(db: Session, job: Job) -> Job:
+    """Queued or running -> cancelled at once; the worker drops a cancelled job within a second.
+    A finished job is returned as it is."""
+    if job.status in FINISHED:
+        return job
+    now = utcnow()
+    db.execute(update(Job).where(Job.id == job.id, Job.status.in_(("queued", "running")))
+               .values(status="cancelled", cancel_requested=True, finished_at=now, updated_at=now))
+    db.execute(delete(JobLease).where(JobLease.job_id == job.id))  # its workers see that at their next beat
+    db.commit()
+    db.refresh(job)
+    log.info("job %s cancelled", job.id, extra={"job_id": job.id})
+    return job
+
+
+def remove(db: Session, job: Job, storage_url: str) -> None:
+    cancel(db, job)
+    db.execute(delete(JobConfig).where(JobConfig.job_id == job.id))
+    db.execute(delete(Job).where(Job.id == job.id))
+    db.commit()
+    delete_study(storage_url, study_name(job.id))
+    log.info("job %s deleted", job.id, extra={"job_id": job.id})
+
+
+def delete_study(storage_url: str, name: str) -> None:
+    """Drop a job's Optuna study if there is one (Optuna's tables exist only once a study was made)."""
+    from sqlalchemy import inspect
+
+    from app.service.db.engine import get_engine
+
+    if "studies" not in inspect(get_engine(storage_url)).get_table_names():
+        return
+    from app.service.worker import optuna_storage
+
+    import optuna
+
+    try:
+        optuna.delete_study(study_name=name, storage=optuna_storage(storage_url))
+    except KeyError:
+        pass
+
+
+def to_out(job: Job, best: JobConfig | None) -> dict:
+    """The API's job shape (``JobOut``)."""
+    model = {k: v for k, v in job.model_spec.items() if v is not None}
+    total = max(int(job.trials_total or 0), 0)
+    return {
+        "id": job.id,
+        "status": job.status,
+        "progress": {"trials_done": min(int(job.trials_done or 0), total), "trials_total": total},
+        "best": config_out(best, _margin(job.search)) if best is not None else None,
+        "error": job.error,
+        "inputs": {"model": model, "cluster": job.cluster_name, "profile_version": job.profile_version,
+                   "devices": job.devices, "global_batch_size": job.global_batch_size,
+                   "precision": job.precision, "moe_load_imbalance": job.moe_load_imbalance,
+                   "search": job.search, "paraplan_version": job.paraplan_version},
+        "summary": job.summary,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "updated_at": job.updated_at,
+    }
+
+
+def config_out(row: JobConfig, margin_gib: float | None = None) -> dict:
+    return ranked_entry(row.rank, row.config, row.evaluation, margin_gib)
+
+
+def ranked_entry(rank: int, config: dict, evaluation: dict, margin_gib: float | None) -> dict:
+    """A ranked config as the API shows it: the margin fields come from the stored evaluation's headroom
+    and the job's margin (they are not stored: a job from before margins has none)."""
+    return {"rank": rank, "config": config, "evaluation": evaluation, **margin_fields(evaluation, margin_gib)}

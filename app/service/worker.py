@@ -1,0 +1,418 @@
+"""The job worker: claims a job under a lease, runs its search, writes the result.
+
+* Claim: one transaction that locks candidate jobs with ``SELECT … FOR UPDATE SKIP LOCKED`` (on
+  PostgreSQL; SQLite serialises writers anyway), picks the oldest job that is queued, or running with
+  fewer live leases than its ``search.parallel_workers``, inserts this worker's row in ``job_leases``
+  (expiring ``lease_s`` from now) and bumps ``jobs.attempts`` conditionally on the value it read, so
+  that two claimers can never both win. Leases that ran out (their worker died), or whose worker is a
+  dead process on this host, are dropped on the way and counted in ``jobs.leases_lost``; after
+  ``max_attempts`` lost leases a job with no live worker fails.
+* While the search runs, a thread renews the lease and writes the progress every half second; when the
+  job is no longer ``running`` or the lease is gone (cancelled, deleted, finished by another worker),
+  the search's progress callback raises :class:`Cancelled` at its next call and nothing is written.
+* Sampler jobs run their Optuna study (``paraplan-job-<id>``, in the same database) through
+  ``search.samplers.run_sampler``: every worker of the job adds trials to the same study until it holds
+  ``n_trials`` finished trials, and a worker taking over a job after a crash continues the study (the
+  dead worker's unfinished trials are failed by Optuna's heartbeat check and run again).
+* At the end the status, the summary and the ranked configs are written in one transaction, only by a
+  worker that still holds a lease on the still-running job: the first finisher writes, the others
+  find the job finished.
+* A worker asked to stop (SIGTERM) stops at its next progress call and drops its lease; a job left
+  with no worker goes back to ``queued`` (its study is kept): nothing accepted is ever lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from functools import lru_cache
+
+from sqlalchemy import case, delete, exists, select, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.service.core.config import Settings, get_settings
+from app.service.db.engine import engine_kwargs, get_sessionmaker, is_sqlite, tune_sqlite
+from app.service.db.models import Job, JobConfig, JobLease, utcnow
+from costmodel import ClusterProfile, ModelSpec
+
+log = logging.getLogger("paraplan.worker")
+CLAIM_CANDIDATES = 50  # jobs looked at per claim and status (locked and skipped by the others on PostgreSQL)
+TRANSIENT_BACKOFF_S = 5.0  # pause after a database error took a running job away
+
+
+class Cancelled(Exception):
+    """The job was cancelled or deleted (or taken by another worker) while it ran."""
+
+
+class Interrupted(Exception):
+    """The worker is stopping; the job goes back to the queue."""
+
+
+@lru_cache(maxsize=8)
+def optuna_storage(url: str, heartbeat_s: int | None = None, grace_s: int | None = None):
+    """Optuna's RDB storage on the service database (its own tables and its own ``alembic_version``);
+    with ``heartbeat_s`` the trials carry Optuna's heartbeat and a trial whose worker died is failed
+    after ``grace_s`` s and run again (``search.storages.open_rdb_storage``)."""
+    from search.storages import open_rdb_storage
+
+    kwargs = engine_kwargs(url) if is_sqlite(url) else {"pool_pre_ping": True}
+    storage = open_rdb_storage(url, heartbeat_s, grace_s, engine_kwargs=kwargs)
+    tune_sqlite(storage.engine)
+    return storage
+
+
+def safe_url(url: str) -> str:
+    """A database URL fit for a log line (its password hidden)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _job_update(*where):
+    """A conditional UPDATE of jobs (the in-session objects are not touched: callers compare rowcounts)."""
+    return update(Job).execution_options(synchronize_session=False).where(*where)
+
+
+def host_id() -> str:
+    """This host as lease owners name it: the host name and the pid namespace, so that containers sharing
+    a host name (host networking) never judge each other's workers by their process ids."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return f"{socket.gethostname()}/{ns}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def user_error(exc: BaseException) -> str:
+    """A failed job's error, in words."""
+    from search import SpaceError
+
+    if isinstance(exc, SpaceError):
+        return f"no valid config to search: {exc}"
+    if isinstance(exc, MemoryError):
+        return ("the search ran out of memory; pin some dimensions with search.fixed, or use a sampler "
+                "instead of exhaustive")
+    text = str(exc).splitlines()[0][:500] if str(exc) else ""
+    return f"the search failed unexpectedly ({type(exc).__name__}{': ' + text if text else ''})"
+
+
+class Worker:
+    def __init__(self, settings: Settings | None = None, name: str | None = None):
+        self.settings = settings or get_settings()
+        self.url = self.settings.database_url
+        self.host = host_id()
+        self.owner = name or f"{self.host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.stop_event = threading.Event()
+        self.wake = threading.Event()
+        self.current: str | None = None
+        self._sessions = get_sessionmaker(self.url)
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def run_forever(self) -> None:
+        log.info("worker %s started on %s", self.owner, safe_url(self.url))
+        while not self.stop_event.is_set():
+            try:
+                job_id = self.claim()
+                if job_id is not None and self.run_job(job_id) != "retry":
+                    continue
+                if job_id is not None:  # the database failed under the job: give it a moment
+                    self.wake.wait(TRANSIENT_BACKOFF_S)
+            except SQLAlchemyError as exc:  # the database is busy or away: retry after a pause
+                log.warning("worker: database error (%s); retrying", str(exc).splitlines()[0])
+            except Exception:  # noqa: BLE001 - the worker loop outlives any one job's surprise
+                log.exception("worker: unexpected error; going on")
+            self.wake.wait(self.settings.poll_s)
+            self.wake.clear()
+        log.info("worker %s stopped", self.owner)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.wake.set()
+
+    def run_until_idle(self, max_jobs: int = 100) -> int:
+        """Run queued jobs until none is left (tests and one-shot use); returns how many ran."""
+        n = 0
+        while n < max_jobs and not self.stop_event.is_set():
+            job_id = self.claim()
+            if job_id is None:
+                break
+            self.run_job(job_id)
+            n += 1
+        return n
+
+    # ---- claiming -------------------------------------------------------------------------------
+    def _expired(self, lease: JobLease, now: dt.datetime) -> bool:
+        """Ran out, or held by a process of this host that no longer exists (a restarted server takes
+        its job back at once instead of waiting for the lease to run out)."""
+        if lease.expires_at < now:
+            return True
+        host, _, rest = lease.worker.partition(":")
+        pid = rest.partition(":")[0]
+        return host == self.host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
+
+    def claim(self) -> str | None:
+        """Claim the first claimable job (running jobs that want more workers first, then the oldest
+        queued); None when there is none."""
+        now = utcnow()
+        with self._sessions() as db:
+            # Running jobs and queued ones are looked at apart: running jobs that are full must not hide
+            # the queue from every claimer.
+            rows = [row for status in ("running", "queued") for row in db.execute(
+                select(Job.id, Job.status, Job.search, Job.attempts, Job.leases_lost)
+                .where(Job.status == status).order_by(Job.created_at).limit(CLAIM_CANDIDATES)
+                .with_for_update(skip_locked=True)).all()]
+            running = [r.id for r in rows if r.status == "running"]
+            leases: dict[str, list[JobLease]] = {}
+            if running:
+                for lease in db.scalars(select(JobLease).where(JobLease.job_id.in_(running))):
+                    leases.setdefault(lease.job_id, []).append(lease)
+            for row in rows:
+                if self._try_claim(db, row, leases.get(row.id, []), now):
+                    db.commit()
+                    return row.id
+            db.commit()  # lost leases dropped and given-up jobs failed on the way; row locks released
+        return None
+
+    def _try_claim(self, db, row, leases: list[JobLease], now: dt.datetime) -> bool:
+        """Claim ``row`` in the open transaction if it has room for this worker."""
+        lost = [lease for lease in leases if self._expired(lease, now)]
+        live = len(leases) - len(lost)
+        dropped = sum(  # each lease as read: one renewed meanwhile, or dropped by another claimer, stays out
+            db.execute(delete(JobLease).where(JobLease.job_id == row.id, JobLease.worker == lease.worker,
+                                              JobLease.expires_at == lease.expires_at)).rowcount
+            for lease in lost)
+        if dropped:
+            db.execute(_job_update(Job.id == row.id).values(leases_lost=Job.leases_lost + dropped))
+            log.warning("job %s: lease lost by %s", row.id, ", ".join(lease.worker for lease in lost))
+            if live == 0 and row.leases_lost + dropped >= self.settings.max_attempts:
+                db.execute(_job_update(Job.id == row.id, Job.status == "running", Job.attempts == row.attempts,
+                                       ~exists().where(JobLease.job_id == row.id)).values(
+                    status="failed", finished_at=now, updated_at=now,
+                    error=f"the job's workers stopped {row.leases_lost + dropped} times while running it "
+                          "(lost leases); giving up"))
+                return False
+        if row.status == "running" and live >= _wanted_workers(row.search):
+            return False
+        res = db.execute(_job_update(Job.id == row.id, Job.status == row.status, Job.attempts == row.attempts).values(
+            status="running", attempts=Job.attempts + 1, updated_at=now,
+            **({"started_at": now} if row.status == "queued" else {})))
+        if res.rowcount != 1:  # another worker claimed it between our read and our write
+            return False
+        db.add(JobLease(job_id=row.id, worker=self.owner, claimed_at=now,
+                        expires_at=now + dt.timedelta(seconds=self.settings.lease_s)))
+        if row.status == "running":
+            log.info("job %s: joined (%d other worker%s)", row.id, live, "" if live == 1 else "s")
+        return True
+
+    # ---- running one job ------------------------------------------------------------------------
+    def _holds_lease(self, job_id: str):
+        return exists().where(JobLease.job_id == job_id, JobLease.worker == self.owner)
+
+    def _renew(self, job_id: str, done: int, total: int) -> bool:
+        """Renew this worker's lease and write the progress; False when the lease or the job is gone."""
+        now = utcnow()
+        with self._sessions() as db:
+            lease = db.execute(update(JobLease).where(JobLease.job_id == job_id, JobLease.worker == self.owner)
+                               .values(expires_at=now + dt.timedelta(seconds=self.settings.lease_s)))
+            job = db.execute(_job_update(Job.id == job_id, Job.status == "running").values(
+                trials_done=case((Job.trials_done > done, Job.trials_done), else_=done),  # never backwards
+                trials_total=total, updated_at=now))
+            db.commit()
+        return lease.rowcount == 1 and job.rowcount == 1
+
+    def run_job(self, job_id: str) -> str:
+        """Run a claimed job to its end; returns the status it ended in (as this worker saw it)."""
+        from search import run_search
+
+        self.current = job_id
+        with self._sessions() as db:
+            job = db.get(Job, job_id)
+        if job is None:  # deleted since the claim
+            self.current = None
+            return "cancelled"
+        progress = {"done": 0, "total": int(job.trials_total or 0)}
+        lost = threading.Event()
+        beat_stop = threading.Event()
+
+        def heartbeat() -> None:
+            interval, renewed = min(0.5, self.settings.progress_s), time.monotonic()
+            while not beat_stop.wait(interval):
+                try:
+                    if not self._renew(job_id, min(progress["done"], progress["total"]), progress["total"]):
+                        lost.set()
+                        return
+                    renewed = time.monotonic()
+                except Exception as exc:  # noqa: BLE001 - busy or unreachable database: try again at the next beat
+                    log.warning("job %s: lease renewal failed (%s)", job_id, str(exc).splitlines()[0])
+                    if time.monotonic() - renewed > self.settings.lease_s:  # others may have taken the job
+                        lost.set()
+                        return
+
+        def on_progress(done: int, total: int) -> None:
+            progress["done"], progress["total"] = int(done), int(total)
+            if lost.is_set():
+                raise Cancelled()
+            if self.stop_event.is_set():
+                raise Interrupted()
+
+        beat = threading.Thread(target=heartbeat, name=f"heartbeat-{job_id[:8]}", daemon=True)
+        beat.start()
+        started = time.perf_counter()
+        try:
+            req = self._request(job)
+            log.info("job %s: running %s (%s trials, claim %d)", job_id, job.search["engine"], progress["total"],
+                     job.attempts)
+            result = run_search(req, progress=on_progress)
+        except Cancelled:
+            self._drop_lease(job_id)
+            log.info("job %s: no longer ours (cancelled, deleted or finished by another worker); stopped after "
+                     "%.1f s", job_id, time.perf_counter() - started)
+            return "cancelled"
+        except Interrupted:
+            self._release(job_id)
+            log.info("job %s: worker stopping; lease released", job_id)
+            return "queued"
+        except Exception as exc:  # noqa: BLE001 - a failed job records why
+            if _transient(exc):  # the database, not the job: leave it to this or another worker, later
+                log.warning("job %s: database error while running (%s); lease released, retrying later", job_id,
+                            str(exc).splitlines()[0][:300])
+                with contextlib.suppress(Exception):
+                    self._release(job_id)
+                return "retry"
+            if lost.is_set():  # deleted under the search (its study too): nothing to record
+                log.info("job %s: cancelled or deleted while running (%s)", job_id, type(exc).__name__)
+                return "cancelled"
+            log.exception("job %s failed", job_id)
+            return self._fail(job_id, user_error(exc))
+        finally:
+            beat_stop.set()
+            beat.join(timeout=5)
+            self.current = None
+        return self._finish(job_id, result)
+
+    def _request(self, job: Job):
+        """The job's search request; sampler jobs run on the job's study in the service database."""
+        from search import SearchRequest
+        from search.samplers import SAMPLERS
+
+        s = job.search
+        storage, name, seed = None, None, s["seed"]
+        if s["engine"] in SAMPLERS:
+            from app.service.services.jobs import study_name
+
+            name = study_name(job.id)
+            storage = optuna_storage(self.url, self.settings.trial_heartbeat_s, self.settings.trial_grace_s)
+            seed = claim_seed(seed, job.attempts)
+        return SearchRequest(
+            spec=ModelSpec.model_validate(job.model_spec), profile=ClusterProfile.model_validate(job.cluster_profile),
+            devices=job.devices, global_batch_size=job.global_batch_size, sampler=s["engine"],
+            n_trials=s["n_trials"], top_k=s["top_k"], seed=seed, fixed=s.get("fixed") or None,
+            precision=job.precision, moe_load_imbalance=job.moe_load_imbalance,
+            allow_cross_domain_tp=s.get("allow_cross_domain_tp", False), storage=storage, study_name=name,
+            timeout_s=s.get("timeout_s"), worker=self.owner, framework=s.get("framework"), **_margin_option(s))
+
+    def _drop_lease(self, job_id: str) -> None:
+        with contextlib.suppress(SQLAlchemyError), self._sessions() as db:
+            db.execute(delete(JobLease).where(JobLease.job_id == job_id, JobLease.worker == self.owner))
+            db.commit()
+
+    def _release(self, job_id: str) -> None:
+        """Drop this worker's lease; a job left with no live worker goes back to the queue."""
+        now = utcnow()
+        with self._sessions() as db:
+            # Lock the job row first, as a claimer does: a worker joining meanwhile is then either seen (its
+            # lease committed) or waits and finds the job queued.
+            db.execute(select(Job.id).where(Job.id == job_id).with_for_update())
+            db.execute(delete(JobLease).where(JobLease.job_id == job_id, JobLease.worker == self.owner))
+            db.execute(_job_update(Job.id == job_id, Job.status == "running",
+                                   ~exists().where(JobLease.job_id == job_id)).values(
+                status="queued", started_at=None, updated_at=now))
+            db.commit()
+
+    def _fail(self, job_id: str, message: str) -> str:
+        now = utcnow()
+        with self._sessions() as db:
+            res = db.execute(_job_update(Job.id == job_id, Job.status == "running", self._holds_lease(job_id)).values(
+                status="failed", error=message, finished_at=now, updated_at=now))
+            db.execute(delete(JobLease).where(JobLease.job_id == job_id))
+            db.commit()
+        return "failed" if res.rowcount else "cancelled"
+
+    def _finish(self, job_id: str, result: dict) -> str:
+        summary = {k: v for k, v in result.items() if k not in ("best", "top", "history", "layouts")}
+        now = utcnow()
+        with self._sessions() as db:
+            res = db.execute(_job_update(Job.id == job_id, Job.status == "running", self._holds_lease(job_id)).values(
+                status="succeeded", summary=summary, layouts=result.get("layouts"), trials_done=result["trials"],
+                trials_total=max(result["trials"], db.scalar(select(Job.trials_total).where(Job.id == job_id)) or 0),
+                finished_at=now, updated_at=now, error=None))
+            if res.rowcount != 1:  # cancelled, deleted or finished by another worker: write nothing
+                db.rollback()
+                return "cancelled"
+            db.execute(delete(JobLease).where(JobLease.job_id == job_id))
+            db.execute(delete(JobConfig).where(JobConfig.job_id == job_id))
+            db.add_all(_config_row(job_id, entry) for entry in result["top"])
+            db.commit()
+        log.info("job %s: succeeded (%d ranked configs)", job_id, len(result["top"]))
+        return "succeeded"
+
+
+def _transient(exc: BaseException) -> bool:
+    """A database error (directly, or wrapped by Optuna's storage), not a property of the job."""
+    import optuna
+
+    return isinstance(exc, (SQLAlchemyError, optuna.exceptions.StorageInternalError))
+
+
+def _margin_option(search: dict) -> dict:
+    """The job's memory margin as a search argument; a job stored before margins existed gets the
+    default (it is run now, under the current ranking rules)."""
+    margin = search.get("memory_margin_gib")
+    return {} if margin is None else {"memory_margin_gib": float(margin)}
+
+
+def _wanted_workers(search: dict) -> int:
+    """How many workers a job takes at once: ``parallel_workers`` for sampler jobs, else one."""
+    from search.samplers import SAMPLERS
+
+    return max(1, int(search.get("parallel_workers") or 1)) if search.get("engine") in SAMPLERS else 1
+
+
+def claim_seed(seed: int, attempt: int) -> int:
+    """The sampler seed of a job's ``attempt``-th claim: the job's own seed for the first (so that a job
+    run by one worker reproduces ``paraplan search --seed``), a distinct one derived from it for every
+    other worker, so that workers sharing a study do not suggest the same trials."""
+    if attempt <= 1:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}:{attempt}".encode()).digest()[:4], "big") % 2**31
+
+
+def _config_row(job_id: str, entry: dict) -> JobConfig:
+    ev = entry["evaluation"]
+    return JobConfig(job_id=job_id, rank=entry["rank"], config=entry["config"], evaluation=ev,
+                     feasible=bool(ev["feasible"]), tokens_per_s=ev.get("tokens_per_s"),
+                     tokens_per_s_per_device=ev.get("tokens_per_s_per_device"), mfu=ev.get("mfu"),
+                     step_time_s=ev.get("step_time_s"), peak_gib=(ev.get("memory") or {}).get("peak_gib"))
+
+
+def start_thread(worker: Worker) -> threading.Thread:
+    t = threading.Thread(target=worker.run_forever, name="paraplan-worker", daemon=True)
+    t.start()
+    return t
