@@ -70,14 +70,25 @@ def suggest(trial: optuna.trial.Trial, space: SearchSpace) -> dict:
     return c
 
 
+def _log2_sizes(space: SearchSpace, table: dict) -> dict[str, np.ndarray]:
+    """log2 of each size column of the layout table, computed once per space: the repair runs for
+    every trial over the whole table (millions of rows once the algorithms multiply the layouts)."""
+    cache = space.__dict__.get("_log2_sizes_cache")
+    if cache is None or cache[0] is not table:
+        cache = (table, {key: np.log2(table[key]) for key in ("tp", "cp", "pp", "vpp", "ep", "etp")})
+        space.__dict__["_log2_sizes_cache"] = cache
+    return cache[1]
+
+
 def nearest_valid(space: SearchSpace, layout: dict) -> dict:
     """Repair a suggested layout to the closest one the space holds (log2 distance per size, a
     different split counts half a doubling, a different algorithm a quarter): samplers then spend no
     trial on invalid combinations, and TPE still learns from what it suggested."""
     table = space.layout_table()
+    logs = _log2_sizes(space, table)
     dist = np.zeros(len(table["tp"]))
     for key in ("tp", "cp", "pp", "vpp", "ep", "etp"):
-        dist += np.abs(np.log2(table[key]) - np.log2(layout[key]))
+        dist += np.abs(logs[key] - np.log2(layout[key]))
     dist += 0.5 * (table["split"] != space.values["split"].index(layout["split"]))
     dist += 0.25 * (table["moe_a2a_hierarchical"] != (layout["moe_a2a_algorithm"] == "hierarchical"))
     dist += 0.25 * (table["cp_comm"] != CP_COMM_CODES[layout["cp_comm_type"]])
