@@ -65,12 +65,7 @@ def load_model(model: str | dict, seq_length: int | None = None) -> ModelSpec:
     from .hf_config import maybe_hf  # a Hugging Face config.json (path or mapping) becomes spec fields
 
     model = maybe_hf(model, seq_length)
-    try:
-        data = model_presets.spec_data(model)
-    except model_presets.PresetNotFound as exc:
-        raise InputError("model", str(exc).strip('"')) from None
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise InputError("model", str(exc)) from None
+    data = _catalog_data(model_presets.spec_data, model_presets.PresetNotFound, model, "model")
     if seq_length is not None:
         data["seq_length"] = seq_length
     spec = _validated(ModelSpec, data, "model")
@@ -82,13 +77,19 @@ def load_model(model: str | dict, seq_length: int | None = None) -> ModelSpec:
 
 
 def load_cluster(cluster: str | dict) -> ClusterProfile:
-    try:
-        data = hardware_profiles.load_data(cluster)
-    except hardware_profiles.ProfileNotFound as exc:
-        raise InputError("cluster", str(exc).strip('"')) from None
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise InputError("cluster", str(exc)) from None
+    data = _catalog_data(hardware_profiles.load_data, hardware_profiles.ProfileNotFound, cluster, "cluster")
     return _validated(ClusterProfile, data, "cluster")
+
+
+def _catalog_data(load, not_found: type[Exception], value, field: str) -> dict:
+    """``load(value)`` (a preset or profile name, a path or a mapping) with its failures as an InputError
+    naming ``field``: an unknown name says which ones exist, a bad file why it cannot be read."""
+    try:
+        return load(value)
+    except not_found as exc:
+        raise InputError(field, str(exc).strip('"')) from None
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise InputError(field, str(exc)) from None
 
 
 def check_config_data(data: dict, prefix: str = "config") -> None:
