@@ -26,7 +26,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from service_util import Server, WorkerProcess  # noqa: E402
+from service_util import Server, WorkerProcess, wait_for  # noqa: E402
 
 TRIALS, KILL_AT, PHASE_S = 1500, 300, 300.0
 JOB = {"model": "pangu-ultra-moe-718b", "cluster": "ascend-910b", "devices": 6144, "global_batch_size": 7680,
@@ -34,16 +34,15 @@ JOB = {"model": "pangu-ultra-moe-718b", "cluster": "ascend-910b", "devices": 614
 
 
 def _wait(url: str, job_id: str, until, timeout: float = PHASE_S) -> tuple[dict, float]:
+    """``wait_for`` (tests/service_util.py) on the server at ``url``, with the seconds it took; a job that
+    fails or does not get there ends the benchmark."""
     started = time.monotonic()
     with httpx.Client(base_url=url, timeout=30) as c:
-        while True:
-            job = c.get(f"/v1/jobs/{job_id}").json()
-            if until(job):
-                return job, time.monotonic() - started
-            if job["status"] in ("failed", "cancelled") or time.monotonic() - started > timeout:
-                raise SystemExit(f"job {job_id}: {job['status']} after {time.monotonic() - started:.0f} s: "
-                                 f"{job.get('error')}")
-            time.sleep(0.1)
+        try:
+            job = wait_for(c, job_id, until, timeout)
+        except AssertionError as exc:
+            raise SystemExit(f"job {job_id}: {exc}") from None
+    return job, time.monotonic() - started
 
 
 def _done(job: dict) -> int:

@@ -5,9 +5,9 @@ its next trials only while it holds the study's reservation lock, after counting
 finished or still running (each running trial is a reserved slot), so that together the workers
 never ask for more trials than the budget. The lock is
 
-* PostgreSQL: a session advisory lock (``pg_advisory_lock``) on a connection of the storage's own
-  engine, keyed by the study name; a worker that dies loses its connection and so the lock;
-* SQLite: an ``flock`` on a file beside the database (SQLite is shared by processes of one host
+* PostgreSQL: a transaction-level advisory lock (``search.locks.advisory_lock``) on a connection of the
+  storage's own engine, keyed by the study name; a worker that dies loses its connection and so the lock;
+* SQLite: an ``flock`` on a file beside the database (``search.locks.file_lock``) (SQLite is shared by processes of one host
   only); the kernel drops it when the process dies;
 * in memory: a thread lock (one process).
 
@@ -20,15 +20,15 @@ again as a WAITING trial, which the next ``study.ask()`` takes.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import optuna
 from optuna.storages import RDBStorage
+
+from .locks import POLL_S, advisory_lock, file_lock  # the one lock implementation (search/locks.py)
 
 _THREAD_LOCKS: dict[str, threading.Lock] = {}
 _THREAD_LOCKS_GUARD = threading.Lock()
@@ -60,7 +60,7 @@ def _key64(name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"paraplan-study:{name}".encode()).digest()[:8], "big", signed=True)
 
 
-LOCK_POLL_S = 0.05
+LOCK_POLL_S = POLL_S
 # A PostgreSQL lock holder whose host vanished keeps its session (and the lock) until TCP notices, hours
 # later; its transaction is idle while it holds the lock, so the server ends it after this long instead.
 PG_LOCK_IDLE_TIMEOUT = "60s"
@@ -74,22 +74,12 @@ def reservation_lock(storage, study_name: str, on_wait: Callable[[], None] | Non
     dialect = rdb.engine.dialect.name if rdb is not None else None
     on_wait = on_wait or (lambda: None)
     if dialect == "postgresql":
-        with _pg_lock(rdb, _key64(study_name), on_wait):
+        with advisory_lock(rdb.engine, _key64(study_name), on_wait, idle_timeout=PG_LOCK_IDLE_TIMEOUT):
             yield
         return
     if dialect == "sqlite" and rdb.engine.url.database not in (None, "", ":memory:"):
-        with open(Path(f"{rdb.engine.url.database}.trials-lock"), "a") as fh:
-            while True:
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    on_wait()
-                    time.sleep(LOCK_POLL_S)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        with file_lock(Path(f"{rdb.engine.url.database}.trials-lock"), on_wait):
+            yield
         return
     with _THREAD_LOCKS_GUARD:  # in memory (one process), or a backend without a shared lock here
         lock = _THREAD_LOCKS.setdefault(study_name, threading.Lock())
@@ -99,23 +89,6 @@ def reservation_lock(storage, study_name: str, on_wait: Callable[[], None] | Non
         yield
     finally:
         lock.release()
-
-
-@contextlib.contextmanager
-def _pg_lock(rdb: RDBStorage, key: int, on_wait: Callable[[], None]) -> Iterator[None]:
-    """A transaction-level advisory lock, taken by polling ``pg_try_advisory_xact_lock`` and released by
-    the transaction's end (commit, rollback, or the server ending an idle holder's session)."""
-    from sqlalchemy import text
-
-    with rdb.engine.connect() as conn:
-        try:
-            conn.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = '{PG_LOCK_IDLE_TIMEOUT}'"))
-            while not conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}).scalar():
-                on_wait()
-                time.sleep(LOCK_POLL_S)
-            yield
-        finally:
-            conn.rollback()  # ends the transaction: the lock goes with it
 
 
 class TrialHeartbeat:

@@ -101,15 +101,24 @@ class Server:
         return httpx.Client(base_url=self.url, timeout=30, **kw)
 
 
-def wait_for(client: httpx.Client, job_id: str, timeout: float = 60.0, until=("succeeded", "failed", "cancelled"),
-             seen: list | None = None) -> dict:
+ENDED = ("succeeded", "failed", "cancelled")
+
+
+def wait_for(client: httpx.Client, job_id: str, until=ENDED, timeout: float = 60.0, seen: list | None = None) -> dict:
+    """Poll job ``job_id`` (every 0.1 s) until ``until(job)`` holds and return the job. ``until`` is a
+    predicate on the job's JSON, or a collection of statuses (the job's status in it). A job that ends
+    without meeting it, or a timeout, is an AssertionError; ``seen`` collects ``(seconds, job)`` polls.
+    The one job poller of the tests and ``benchmarks/jobs.py``."""
+    met = until if callable(until) else (lambda job: job["status"] in until)
     started = time.monotonic()
     while True:
         job = client.get(f"/v1/jobs/{job_id}").raise_for_status().json()
         if seen is not None:
             seen.append((time.monotonic() - started, job))
-        if job["status"] in until:
+        if met(job):
             return job
+        if job["status"] in ENDED:
+            raise AssertionError(f"job ended {job['status']} without meeting the wait: {job}")
         if time.monotonic() - started > timeout:
             raise AssertionError(f"job still {job['status']} after {timeout} s: {job}")
         time.sleep(0.1)

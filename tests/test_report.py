@@ -19,7 +19,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 from app.service.core.config import Settings  # noqa: E402
 from app.service.main import create_app  # noqa: E402
 from app.formats.report import PLOT_IDS, ReportError, render_report  # noqa: E402
-from app.service.worker import Worker, optuna_storage  # noqa: E402
+from app.service.services.studies import optuna_storage  # noqa: E402
+from app.service.worker import Worker  # noqa: E402
 from service_util import ROOT, require_chromium, run_cli  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))

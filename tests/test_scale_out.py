@@ -24,7 +24,7 @@ from app.service.core.config import Settings  # noqa: E402
 from app.service.main import create_app  # noqa: E402
 from search import build_space  # noqa: E402
 from search.samplers import rank_trials  # noqa: E402
-from service_util import Server, WorkerProcess  # noqa: E402
+from service_util import Server, WorkerProcess, wait_for  # noqa: E402
 
 import hardware_profiles  # noqa: E402
 import model_presets  # noqa: E402
@@ -46,17 +46,6 @@ def api(database_url):
 
 def _study(url: str, job_id: str) -> optuna.Study:
     return optuna.load_study(study_name=f"paraplan-job-{job_id}", storage=url)
-
-
-def _wait(client, job_id: str, until, timeout: float) -> dict:
-    started = time.monotonic()
-    while True:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if until(job):
-            return job
-        assert job["status"] not in ("failed", "cancelled"), job
-        assert time.monotonic() - started < timeout, f"not there after {timeout} s: {job}"
-        time.sleep(0.1)
 
 
 def _pids(study: optuna.Study, states=(COMPLETE,)) -> dict[int, int]:
@@ -94,7 +83,7 @@ def test_three_workers_share_one_study_and_never_overshoot(api, tmp_path):
         body = {**JOB, "search": {"sampler": "random", "n_trials": 600, "seed": 3, "top_k": 20,
                                   "parallel_workers": 3}}
         job = client.post("/v1/jobs", json=body).json()
-        job = _wait(client, job["id"], lambda j: j["status"] == "succeeded", timeout=180)
+        job = wait_for(client, job["id"], lambda j: j["status"] == "succeeded", timeout=180)
     finally:
         for w in workers:
             w.stop()
@@ -114,7 +103,7 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_study_continued(api, tmp_pa
     job = client.post("/v1/jobs", json=body).json()
     first = WorkerProcess(url, tmp_path / "first.log", env=FAST).wait_started()
     try:
-        _wait(client, job["id"], lambda j: j["progress"]["trials_done"] >= 150, timeout=120)
+        wait_for(client, job["id"], lambda j: j["progress"]["trials_done"] >= 150, timeout=120)
     finally:
         first.kill()
     killed_at = time.monotonic()
@@ -122,9 +111,9 @@ def test_a_worker_killed_mid_job_is_replaced_and_the_study_continued(api, tmp_pa
     assert client.get(f"/v1/jobs/{job['id']}").json()["status"] == "running"  # nothing released it
     second = WorkerProcess(url, tmp_path / "second.log", env=FAST).wait_started()
     try:
-        _wait(client, job["id"], lambda j: j["progress"]["trials_done"] > done_at_kill, timeout=30)
+        wait_for(client, job["id"], lambda j: j["progress"]["trials_done"] > done_at_kill, timeout=30)
         resumed_after_s = time.monotonic() - killed_at
-        job = _wait(client, job["id"], lambda j: j["status"] == "succeeded", timeout=180)
+        job = wait_for(client, job["id"], lambda j: j["status"] == "succeeded", timeout=180)
     finally:
         second.stop()
     assert resumed_after_s < 30
@@ -150,7 +139,7 @@ def test_serve_killed_mid_job_resumes_after_a_restart_and_loses_no_accepted_job(
                                                                   "seed": 9}}).json()
         queued = client.post("/v1/jobs", json={**JOB, "search": {"sampler": "tpe", "n_trials": 40,
                                                                  "seed": 1}}).json()
-        _wait(client, running["id"], lambda j: j["progress"]["trials_done"] >= 150, timeout=120)
+        wait_for(client, running["id"], lambda j: j["progress"]["trials_done"] >= 150, timeout=120)
     server.proc.kill()  # SIGKILL: the embedded worker dies with the server
     server.proc.wait()
     done_at_kill = len(_study(database_url, running["id"]).get_trials(deepcopy=False, states=(COMPLETE,)))
@@ -158,10 +147,10 @@ def test_serve_killed_mid_job_resumes_after_a_restart_and_loses_no_accepted_job(
     restarted_at = time.monotonic()
     try:
         with server.client() as client:
-            _wait(client, running["id"], lambda j: j["progress"]["trials_done"] > done_at_kill, timeout=30)
+            wait_for(client, running["id"], lambda j: j["progress"]["trials_done"] > done_at_kill, timeout=30)
             resumed_after_s = time.monotonic() - restarted_at
-            first = _wait(client, running["id"], lambda j: j["status"] == "succeeded", timeout=180)
-            second = _wait(client, queued["id"], lambda j: j["status"] == "succeeded", timeout=120)
+            first = wait_for(client, running["id"], lambda j: j["status"] == "succeeded", timeout=180)
+            second = wait_for(client, queued["id"], lambda j: j["status"] == "succeeded", timeout=120)
     finally:
         server.stop()
     assert resumed_after_s < 30

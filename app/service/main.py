@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.service.core.config import Settings, get_settings
 from app.service.core.logging import RequestInfo, current_request, request_id_from
-from app.service.db.engine import get_sessionmaker
+from app.service.db.engine import get_sessionmaker, safe_url
 from app.service.services.metrics import Metrics
 from costmodel.result import PARAPLAN_VERSION
 
@@ -160,16 +160,6 @@ def printable(path: str) -> str:
     """A path as it may go into a text log line: control characters escaped (a client could send ``%0a``
     to forge a line), quotes included."""
     return json.dumps(path, ensure_ascii=False)[1:-1]
-
-
-def safe_url(url: str) -> str:
-    """A database URL as it may be logged: its password masked."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - an unparsable URL fails at connect anyway; log nothing of it
-        return "(unparsable DATABASE_URL)"
 
 
 def log_auth_state(settings: Settings) -> None:

@@ -32,14 +32,14 @@ import socket
 import threading
 import time
 import uuid
-from functools import lru_cache
 
 from sqlalchemy import case, delete, exists, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.service.core.config import Settings, get_settings
-from app.service.db.engine import engine_kwargs, get_sessionmaker, is_sqlite, tune_sqlite
+from app.service.db.engine import get_sessionmaker, safe_url
 from app.service.db.models import Job, JobConfig, JobLease, utcnow
+from app.service.services.studies import optuna_storage, study_name
 from costmodel import ClusterProfile, ModelSpec
 
 log = logging.getLogger("paraplan.worker")
@@ -53,26 +53,6 @@ class Cancelled(Exception):
 
 class Interrupted(Exception):
     """The worker is stopping; the job goes back to the queue."""
-
-
-@lru_cache(maxsize=8)
-def optuna_storage(url: str, heartbeat_s: int | None = None, grace_s: int | None = None):
-    """Optuna's RDB storage on the service database (its own tables and its own ``alembic_version``);
-    with ``heartbeat_s`` the trials carry Optuna's heartbeat and a trial whose worker died is failed
-    after ``grace_s`` s and run again (``search.storages.open_rdb_storage``)."""
-    from search.storages import open_rdb_storage
-
-    kwargs = engine_kwargs(url) if is_sqlite(url) else {"pool_pre_ping": True}
-    storage = open_rdb_storage(url, heartbeat_s, grace_s, engine_kwargs=kwargs)
-    tune_sqlite(storage.engine)
-    return storage
-
-
-def safe_url(url: str) -> str:
-    """A database URL fit for a log line (its password hidden)."""
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
 
 
 def _job_update(*where):
@@ -315,8 +295,6 @@ class Worker:
         s = job.search
         storage, name, seed = None, None, s["seed"]
         if s["engine"] in SAMPLERS:
-            from app.service.services.jobs import study_name
-
             name = study_name(job.id)
             storage = optuna_storage(self.url, self.settings.trial_heartbeat_s, self.settings.trial_grace_s)
             seed = claim_seed(seed, job.attempts)

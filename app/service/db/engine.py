@@ -24,6 +24,15 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
+def safe_url(url: str) -> str:
+    """A database URL as it may be logged (the service's and the worker's start lines): its password
+    masked."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL fails at connect anyway; log nothing of it
+        return "(unparsable DATABASE_URL)"
+
+
 def sqlite_path(url: str) -> Path | None:
     """The database file of a SQLite URL (None for in-memory or another backend)."""
     u = make_url(url)

@@ -7,7 +7,6 @@ SQLite database), so a server and workers started together do not both create th
 
 from __future__ import annotations
 
-import fcntl
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from alembic.script import ScriptDirectory
 
 from app.service.db.engine import get_engine, sqlite_path
 from app.service.db.models import Base
+from search.locks import advisory_lock, file_lock
 
 ROOT = Path(__file__).resolve().parents[3]
 # The project's own Alembic version table: Optuna keeps its ``alembic_version`` in the same database.
@@ -48,30 +48,20 @@ MIGRATION_LOCK_KEY = 7_310_512_404  # pg_advisory_lock key of "the schema is bei
 @contextmanager
 def _lock(url: str):
     """Serialise migrations of one database across processes: an advisory lock on PostgreSQL, a file lock
-    beside a SQLite file (an API and its workers starting together must not both create the tables)."""
+    beside a SQLite file (an API and its workers starting together must not both create the tables). The
+    locks are ``search.locks``', shared with the search's trial reservation (why there: its docstring);
+    the PostgreSQL one without an idle timeout, since its session is idle while the migration runs."""
     if get_engine(url).dialect.name == "postgresql":
-        from sqlalchemy import text
-
-        with get_engine(url).connect() as conn:
-            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK_KEY})
-            conn.commit()
-            try:
-                yield
-            finally:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK_KEY})
-                conn.commit()
+        with advisory_lock(get_engine(url), MIGRATION_LOCK_KEY):
+            yield
         return
     path = sqlite_path(url)
     if path is None:
         yield
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.migrate-lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with file_lock(f"{path}.migrate-lock"):
+        yield
 
 
 def current_revision(url: str) -> str | None:

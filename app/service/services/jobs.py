@@ -24,15 +24,12 @@ from search.margin import margin_fields, margin_problem
 from .errors import field_loc, http_error, invalid, not_found
 from .inputs import (GRID_CAP, check_config_ints, check_layout, check_stages, grid_estimate, resolve_cluster,
                      resolve_model)
+from .studies import optuna_storage, study_name  # noqa: F401 - study_name: also the name callers know here
 
 log = logging.getLogger("paraplan.jobs")
 
 REQUEST_FIELDS = ("model", "cluster", "devices", "global_batch_size", "precision", "moe_load_imbalance",
                   "seq_length")
-
-
-def study_name(job_id: str) -> str:
-    return f"paraplan-job-{job_id}"
 
 
 def _space_error(exc: SpaceError):
@@ -293,8 +290,6 @@ def delete_study(storage_url: str, name: str) -> None:
 
     if "studies" not in inspect(get_engine(storage_url)).get_table_names():
         return
-    from app.service.worker import optuna_storage
-
     import optuna
 
     try:

@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 from app.service.db.models import Job, JobConfig
 
 from .errors import http_error
-from .jobs import ranked_entry, study_name
+from .jobs import ranked_entry
+from .studies import optuna_storage, study_name
 
 log = logging.getLogger("paraplan.report")
 
@@ -36,8 +37,6 @@ def study_history(storage_url: str, job_id: str) -> list[dict] | None:
     if "studies" not in inspect(get_engine(storage_url)).get_table_names():
         return None
     import optuna
-
-    from app.service.worker import optuna_storage
 
     try:
         study = optuna.load_study(study_name=study_name(job_id), storage=optuna_storage(storage_url))
