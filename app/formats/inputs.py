@@ -42,14 +42,19 @@ def _validated(cls, data, prefix: str):
 
 
 def read_mapping(text_or_path: str, field: str) -> dict:
-    """A JSON/YAML object given inline or as a file path."""
-    path = Path(text_or_path)
+    """A JSON/YAML object given inline or as a file path.
+
+    A value that opens with ``{`` is inline JSON whatever its length (never tried as a path: a long
+    one would fail with the system's file-name limit); anything else is a file that must exist."""
     try:
-        if path.is_file():
+        if text_or_path.lstrip().startswith("{"):
+            data = json.loads(text_or_path)
+        else:
+            path = Path(text_or_path)
+            if not path.exists():
+                raise InputError(field, f"file {text_or_path!r} does not exist")
             text = path.read_text()
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        else:
-            data = json.loads(text_or_path)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise InputError(field, f"not valid JSON/YAML ({exc})") from None
     except OSError as exc:
@@ -57,6 +62,16 @@ def read_mapping(text_or_path: str, field: str) -> dict:
     if not isinstance(data, dict):
         raise InputError(field, "must be a JSON object (or a file holding one)")
     return data
+
+
+def _missing_file(value, field: str) -> None:
+    """A name that can only be a file path (a directory part or a data-file suffix) and names no file
+    is reported as a missing file, not as an unknown preset."""
+    if not isinstance(value, str) or value.lstrip().startswith("{"):
+        return
+    path = Path(value)
+    if ("/" in value or path.suffix in (".yaml", ".yml", ".json")) and not path.exists():
+        raise InputError(field, f"file {value!r} does not exist")
 
 
 def load_model(model: str | dict, seq_length: int | None = None) -> ModelSpec:
@@ -84,6 +99,7 @@ def load_cluster(cluster: str | dict) -> ClusterProfile:
 def _catalog_data(load, not_found: type[Exception], value, field: str) -> dict:
     """``load(value)`` (a preset or profile name, a path or a mapping) with its failures as an InputError
     naming ``field``: an unknown name says which ones exist, a bad file why it cannot be read."""
+    _missing_file(value, field)
     try:
         return load(value)
     except not_found as exc:
