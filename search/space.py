@@ -561,9 +561,21 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
         if fixed:
             raise SpaceError("fix", f"the pinned values ({', '.join(f'{k}={v}' for k, v in fixed.items())}) "
                                     "leave no structurally valid config")
-        raise SpaceError("global_batch_size", f"no structurally valid config for {devices} devices and "
-                                              f"global batch {global_batch_size} (check divisibility)")
+        raise _no_config_error(devices, global_batch_size, int(profile.fact("scale_up_domain")))
     return space
+
+
+def _no_config_error(devices: int, global_batch_size: int, node_size: int) -> SpaceError:
+    """Name what the user most likely got wrong when no layout is valid: a device count that is not a
+    whole number of nodes (e.g. 6,143 on 8-device nodes) is the devices' fault, not the batch's."""
+    if devices % node_size:
+        return SpaceError("devices", f"{devices} devices are not a whole number of {node_size}-device nodes, "
+                                     f"and no layout on them divides global batch {global_batch_size} into "
+                                     f"micro-batches (try {devices - devices % node_size} or "
+                                     f"{devices + node_size - devices % node_size})")
+    return SpaceError("global_batch_size", f"no structurally valid config for {devices} devices and "
+                                           f"global batch {global_batch_size}: it must divide by "
+                                           "micro_batch_size*dp for some layout")
 
 
 # Config fields the search does not vary: one value for the whole search (pinned, or the framework's).
