@@ -225,6 +225,14 @@ def _search_table(result: dict, margin_gib: float) -> None:
         out.print(f"SHORT: headroom below the {margin_gib:g} GiB memory margin (allocator fragmentation and "
                   "communication buffers are not in the model): ranked after every config that keeps the margin, "
                   "and may not fit in practice.", highlight=False, soft_wrap=False)
+    _best_warnings(result)
+
+
+def _best_warnings(result: dict) -> None:
+    """The best config's warnings (calibration coverage, extrapolation) under the table, as evaluate prints them."""
+    best = result.get("best")
+    for w in (best or {}).get("evaluation", {}).get("warnings", []):
+        out.print(f"  [yellow]warning[/yellow]: {w}", highlight=False)
 
 
 @main.command()

@@ -258,6 +258,15 @@ def _header(result: dict) -> str:
     return f'<table class="inputs">{cells}</table>'
 
 
+def _warnings(result: dict) -> str:
+    """The best config's warnings (calibration coverage, extrapolation beyond the calibration runs)."""
+    warnings = ((result.get("best") or {}).get("evaluation") or {}).get("warnings") or []
+    if not warnings:
+        return ""
+    items = "".join(f"<li>{html.escape(str(w))}</li>" for w in warnings)
+    return f'<ul class="warnings" id="warnings">{items}</ul>'
+
+
 def _imbalance(result: dict) -> str:
     """The MoE load imbalance the scores were computed with: the input, or the default the configs record
     (the inputs keep null when none was given); dense models apply none."""
@@ -350,7 +359,7 @@ h1{font-size:22px;margin:0 0 12px} h2{font-size:17px;margin:24px 0 8px}
 table{border-collapse:collapse;font-size:13px} th,td{border:1px solid #ddd;padding:3px 8px;text-align:left}
 table.inputs th{background:#f4f4f4;font-weight:600} table.top td:not(:nth-child(2)){text-align:right}
 table.top thead th{background:#f4f4f4} .grid{display:grid;grid-template-columns:1fr 1fr;gap:12px}
-.plot{border:1px solid #eee;min-height:440px} .note{color:#666;font-size:12px}
+.plot{border:1px solid #eee;min-height:440px} .note{color:#666;font-size:12px} .warnings{color:#8a5a00}
 tr.short td{background:#fff4e5} tr.short td:last-child{color:#b34700;font-weight:600} .short-note{color:#b34700}
 """
 
@@ -404,6 +413,7 @@ def render_report(result: dict) -> str:
 <body><h1>{html.escape(title)}</h1>
 {_header(result)}
 <p>{best_line}</p>
+{_warnings(result)}
 <div class="grid">{divs}</div>
 <h2>Top {len(layouts)} layouts</h2>
 <p class="note">Distinct parallel layouts (tp, pp, cp, ep, etp), each with its best variant (vpp, micro-batch,
