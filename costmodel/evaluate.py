@@ -50,10 +50,12 @@ class BatchResult:
     params_bytes: np.ndarray  # at the peak stage
     grads_bytes: np.ndarray
     optimizer_bytes: np.ndarray
-    activations_bytes: np.ndarray
+    activations_bytes: np.ndarray  # stored for the backward: micro-batches in flight + logits
+    buffers_bytes: np.ndarray  # transient: MoE dispatch buffers, a recomputed layer's rebuilt activations
     stage_peak_bytes: np.ndarray  # (N, K)
     stage_rank: np.ndarray  # (N, K)
     capacity_bytes: float
+    overhead_bytes: float  # the profile's framework overhead, on every device
     # Parts of the candidate stages' peaks, so that any stage's peak can be rebuilt (see stage_peaks).
     stage_states_bytes: np.ndarray  # (N, K) weights + gradients + optimizer
     stage_act_microbatch_bytes: np.ndarray  # (N, K) activations of one micro-batch of the stage
@@ -198,6 +200,7 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     feasible = valid & (scored["peak_bytes"] <= hw.memory_bytes)
     return BatchResult(valid=valid, feasible=feasible, broken=broken, rules=rules, stages=st, **scored,
                        stage_rank=st.rank if keep_stages else None, capacity_bytes=hw.memory_bytes,
+                       overhead_bytes=hw.framework_overhead_bytes,
                        pp=b.pp, vpp=b.vpp)
 
 
@@ -607,7 +610,8 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     uneven &= (b.pp > 1)[None, :]
     if uneven.any():
         held_act = _replayed(st, split_index, uneven, m, held_act, unit_chunk_col, layer_act)
-    fixed = n_head * col(head.act_bytes) * (1 + spec.mtp_num_layers) + transient
+    logits = n_head * col(head.act_bytes) * (1 + spec.mtp_num_layers)
+    fixed = logits + transient
     activations = held_act + fixed
     stage_peak = params_b + grads_b + opt_b + activations + hw.framework_overhead_bytes
     peak_idx = _first_argmax(stage_peak)
@@ -635,7 +639,10 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
         mfu=model_flops_per_device / hw.peak_bf16_flops, hfu=hfu, time=time,
         peak_bytes=peak, peak_rank=at_peak(rank),
         params_bytes=at_peak(params_b), grads_bytes=at_peak(grads_b), optimizer_bytes=at_peak(opt_b),
-        activations_bytes=at_peak(activations), stage_peak_bytes=stage_peak.T,
+        # the peak's parts, which add up to it: states, stored activations (the micro-batches in
+        # flight and the logits), transient buffers and the framework's overhead (a constant)
+        activations_bytes=at_peak(held_act + logits), buffers_bytes=at_peak(transient),
+        stage_peak_bytes=stage_peak.T,
         stage_states_bytes=(params_b + grads_b + opt_b).T, stage_act_microbatch_bytes=act.T,
         stage_fixed_bytes=(fixed + hw.framework_overhead_bytes).T, microbatches=m,
         layer_act_dense_bytes=dense.act_bytes + 0 * m, layer_act_moe_bytes=moe.act_bytes + 0 * m,

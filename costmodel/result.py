@@ -76,6 +76,9 @@ def result_dict(br: BatchResult, i: int, profile: ClusterProfile, warnings: list
             "grads_gib": val(br.grads_bytes[i] / GIB),
             "optimizer_gib": val(br.optimizer_bytes[i] / GIB),
             "activations_gib": val(br.activations_bytes[i] / GIB),
+            # with the four above they add up to peak_gib (extends the contract)
+            "buffers_gib": val(br.buffers_bytes[i] / GIB),
+            "overhead_gib": val(br.overhead_bytes / GIB),
             "per_stage_peak_gib": [val(v) for v in per_stage] if valid else None,
         },
         "versions": {"paraplan": PARAPLAN_VERSION, "profile": profile.version()},

@@ -121,8 +121,10 @@ def test_step_formula(random_results):
 def test_memory_parts_add_up(random_results):
     for spec, prof, devices, cfg, r in _valid(random_results):
         m = r["memory"]
-        parts = m["params_gib"] + m["grads_gib"] + m["optimizer_gib"] + m["activations_gib"]
-        assert m["peak_gib"] == pytest.approx(parts + prof.facts["framework_overhead_gib"].value, rel=1e-9)
+        parts = (m["params_gib"] + m["grads_gib"] + m["optimizer_gib"] + m["activations_gib"] + m["buffers_gib"]
+                 + m["overhead_gib"])
+        assert m["peak_gib"] == pytest.approx(parts, rel=1e-9)
+        assert m["overhead_gib"] == prof.facts["framework_overhead_gib"].value and m["buffers_gib"] >= 0
         assert m["capacity_gib"] == prof.facts["memory_gib"].value
         stages = m["per_stage_peak_gib"]
         assert len(stages) == cfg.pp and max(stages) == pytest.approx(m["peak_gib"], rel=1e-12)

@@ -31,7 +31,8 @@ class TimeBreakdown(_Open):
 
 
 class MemoryBreakdown(_Open):
-    """Memory at the peak stage (GiB, 2^30 bytes) and the peak of every pipeline stage."""
+    """Memory at the peak stage (GiB, 2^30 bytes) and the peak of every pipeline stage. params, grads,
+    optimizer, activations, buffers and overhead add up to ``peak_gib``."""
 
     peak_gib: float | None
     capacity_gib: float | None
@@ -40,7 +41,12 @@ class MemoryBreakdown(_Open):
     params_gib: float | None
     grads_gib: float | None
     optimizer_gib: float | None
-    activations_gib: float | None
+    activations_gib: float | None = Field(None, description="Activations stored for the backward pass: the "
+                                                           "micro-batches in flight and the output logits.")
+    buffers_gib: float | None = Field(None, description="Transient buffers alive at the peak: MoE dispatch/combine "
+                                                       "buffers, the activations a recomputed layer rebuilds.")
+    overhead_gib: float | None = Field(None, description="The profile's framework overhead (runtime context, "
+                                                        "communicator buffers, allocator reserve).")
     per_stage_peak_gib: list[float | None] | None
 
 
