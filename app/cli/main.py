@@ -67,6 +67,10 @@ def _fmt(x, spec: str = ".3f") -> str:
     return "—" if x is None else format(x, spec)
 
 
+# The parts of an evaluation's peak memory, in the order the tables show them; they add up to peak_gib.
+MEMORY_PARTS = ("params_gib", "grads_gib", "optimizer_gib", "activations_gib", "buffers_gib", "overhead_gib")
+
+
 def _evaluation_tables(res: dict) -> None:
     status = "[green]feasible[/green]" if res["feasible"] else "[red]infeasible[/red]"
     out.print(f"{status}  step {_fmt(res['step_time_s'])} s  ·  {_fmt(res['tokens_per_s'], ',.0f')} tokens/s  ·  "
@@ -87,10 +91,11 @@ def _evaluation_tables(res: dict) -> None:
     t.add_row("[b]step[/b]", f"[b]{res['step_time_s']:.3f}[/b]", "100%")
     out.print(t)
     mem = res["memory"]
-    m = Table(title=f"memory at the peak stage (capacity {mem['capacity_gib']:.1f} GiB)", title_justify="left")
-    for k in ("peak_gib", "params_gib", "grads_gib", "optimizer_gib", "activations_gib"):
+    m = Table(title=f"memory at the peak stage (capacity {mem['capacity_gib']:.1f} GiB; the parts add up to the peak)",
+              title_justify="left")
+    for k in ("peak_gib", *MEMORY_PARTS):
         m.add_column(k.removesuffix("_gib"), justify="right")
-    m.add_row(*(f"{mem[k]:.1f}" for k in ("peak_gib", "params_gib", "grads_gib", "optimizer_gib", "activations_gib")))
+    m.add_row(*(_fmt(mem.get(k), ".1f") for k in ("peak_gib", *MEMORY_PARTS)))
     out.print(m)
     stages = mem["per_stage_peak_gib"] or []
     out.print("per-stage peak GiB: " + " ".join(f"{v:.1f}" for v in stages), highlight=False)
@@ -208,6 +213,20 @@ def _layouts_table(layouts: list[dict], title: str, narrow: bool = False) -> Tab
     return t
 
 
+def _memory_parts_table(layouts: list[dict]) -> Table:
+    """Each listed layout's memory at its peak stage, part by part (they add up to the peak)."""
+    t = Table(title="memory at each layout's peak stage, GiB (the parts add up to peak)", title_justify="left")
+    t.add_column("rank", justify="right")
+    for k in ("peak_gib", *MEMORY_PARTS):
+        t.add_column(k.removesuffix("_gib").replace("optimizer", "optim").replace("activations", "activ"),
+                     justify="right")
+    for lay in layouts:
+        mem = lay["evaluation"]["memory"]
+        # "#rank": these rows are told from the layouts table's, which start with the bare rank
+        t.add_row(f"#{lay['best_rank']}", *(_fmt(mem.get(k), ".1f") for k in ("peak_gib", *MEMORY_PARTS)))
+    return t
+
+
 def _search_table(result: dict, margin_gib: float) -> None:
     """The top K distinct layouts, each with its best variant (``--json`` has every ranked config)."""
     out.print(f"engine [b]{result['engine']}[/b] · space {result['space_size']:,} configs · "
@@ -221,6 +240,8 @@ def _search_table(result: dict, margin_gib: float) -> None:
         # a terminal narrower than the wide table (e.g. 80 columns): layout and variant share one column
         table = _layouts_table(layouts, title, narrow=True)
     out.print(table, soft_wrap=False)
+    if layouts:
+        out.print(_memory_parts_table(layouts), soft_wrap=False)
     if any(lay.get("keeps_margin") is False for lay in layouts):
         out.print(f"SHORT: headroom below the {margin_gib:g} GiB memory margin (allocator fragmentation and "
                   "communication buffers are not in the model): ranked after every config that keeps the margin, "
