@@ -47,6 +47,28 @@ class ModelSpec(BaseModel):
     moe_shared_expert_intermediate_size: int = Field(default=0, ge=0)
     moe_layer_freq: PositiveInt | list[Literal[0, 1]] = 1
     mtp_num_layers: int = Field(default=0, ge=0)
+    # Launch facts: what a training framework needs to build this architecture, in Megatron-Core's
+    # TransformerConfig names, with defaults of a Llama-style decoder (not Megatron's own defaults, which
+    # are GPT-2's). The cost model does not price them (norms, biases and the router's score function are
+    # memory-bound work of a few bytes per token, rotary settings none); app/formats/launch.py states them
+    # so that a launch builds the model that was planned.
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
+    position_embedding_type: Literal["rope", "learned_absolute", "none"] = "rope"
+    rotary_base: PositiveInt = 10000  # RoPE theta (Megatron --rotary-base, an int)
+    add_bias_linear: bool = False  # biases in every linear layer (Megatron's default true: --disable-bias-linear)
+    add_qkv_bias: bool = False  # biases in the QKV projection only (Qwen2)
+    qk_layernorm: bool = False  # norms on queries and keys (Qwen3), on the MLA latents (DeepSeek-V3)
+    # MLA's YaRN rotary scaling (Megatron MLATransformerConfig): null = the framework's default
+    rotary_scaling_factor: float | None = Field(default=None, gt=0)
+    mscale: float | None = Field(default=None, ge=0)
+    mscale_all_dim: float | None = Field(default=None, ge=0)
+    # The router (MoE models)
+    moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"
+    moe_router_pre_softmax: bool = False
+    moe_router_enable_expert_bias: bool = False  # aux-loss-free balancing bias (DeepSeek-V3)
+    moe_router_topk_scaling_factor: float | None = Field(default=None, gt=0)
+    moe_router_num_groups: PositiveInt | None = None  # node-limited (group) routing
+    moe_router_group_topk: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "ModelSpec":
@@ -66,6 +88,17 @@ class ModelSpec(BaseModel):
             if self.moe_router_topk > self.num_experts:
                 raise ValueError(
                     f"moe_router_topk ({self.moe_router_topk}) exceeds num_experts ({self.num_experts})")
+        if (self.moe_router_num_groups is None) != (self.moe_router_group_topk is None):
+            raise ValueError("moe_router_num_groups and moe_router_group_topk go together")
+        if self.moe_router_num_groups is not None:
+            if self.num_experts is None or self.num_experts % self.moe_router_num_groups:
+                raise ValueError(f"moe_router_num_groups ({self.moe_router_num_groups}) must divide num_experts")
+            if self.moe_router_group_topk > self.moe_router_num_groups:
+                raise ValueError(f"moe_router_group_topk ({self.moe_router_group_topk}) exceeds "
+                                 f"moe_router_num_groups ({self.moe_router_num_groups})")
+        if self.moe_router_enable_expert_bias and self.moe_router_score_function != "sigmoid":
+            # Megatron-Core's router (transformer_config.py): the expert bias needs sigmoid scores
+            raise ValueError("moe_router_enable_expert_bias needs moe_router_score_function sigmoid")
         if isinstance(self.moe_layer_freq, list) and len(self.moe_layer_freq) != self.num_layers:
             raise ValueError(
                 f"moe_layer_freq has {len(self.moe_layer_freq)} entries for {self.num_layers} layers")

@@ -15,6 +15,8 @@ never an argument list that silently runs something else.
 
 from __future__ import annotations
 
+import math
+
 from costmodel import ModelSpec, TrainingConfig
 from search.frameworks import (FRAMEWORKS, InexpressibleError, express, layout_string,  # noqa: F401 - re-exported
                                stage_tokens)
@@ -37,7 +39,7 @@ def layer_freq_expr(pattern: list[int]) -> str:
     return "(" + "+".join(f"[{v}]" if n == 1 else f"[{v}]*{n}" for v, n in runs) + ")"
 
 
-def _model_args(spec: ModelSpec, fmt: str, num_layers: int, real: list[int]) -> list[str]:
+def _model_args(spec: ModelSpec, fmt: str, num_layers: int, real: list[int], tp: int) -> list[str]:
     a = ["--num-layers", str(num_layers), "--hidden-size", str(spec.hidden_size),
          "--ffn-hidden-size", str(spec.ffn_hidden_size), "--num-attention-heads", str(spec.num_attention_heads)]
     if spec.query_groups != spec.num_attention_heads:
@@ -45,6 +47,7 @@ def _model_args(spec: ModelSpec, fmt: str, num_layers: int, real: list[int]) -> 
     if not spec.multi_latent_attention:
         a += ["--kv-channels", str(spec.head_dim)]
     a += ["--seq-length", str(spec.seq_length), "--max-position-embeddings", str(spec.seq_length)]
+    a += _architecture_args(spec)
     if spec.swiglu:
         a.append("--swiglu")
     if spec.untie_embeddings_and_output_weights:
@@ -57,9 +60,11 @@ def _model_args(spec: ModelSpec, fmt: str, num_layers: int, real: list[int]) -> 
         if spec.qk_pos_emb_head_dim is not None:
             a += ["--qk-pos-emb-head-dim", str(spec.qk_pos_emb_head_dim)]
         a += ["--v-head-dim", str(spec.v_head_dim)]
+        a += _mla_rope_args(spec, fmt)
     if spec.is_moe:
         a += ["--num-experts", str(spec.num_experts), "--moe-router-topk", str(spec.moe_router_topk),
               "--moe-ffn-hidden-size", str(spec.expert_ffn)]
+        a += _router_args(spec)
         if spec.moe_shared_expert_intermediate_size:
             a += ["--moe-shared-expert-intermediate-size", str(spec.moe_shared_expert_intermediate_size)]
         if num_layers != spec.num_layers:  # no-op padding (MindSpeed): the pattern at the padded positions
@@ -77,6 +82,75 @@ def _model_args(spec: ModelSpec, fmt: str, num_layers: int, real: list[int]) -> 
     if fmt == "mindspeed":
         # both, as MindSpeed-LLM's DeepSeek-V3 recipe (pretrain_deepseek3_671b_4k_ptd.sh) does
         a += ["--padded-vocab-size", str(spec.vocab_size)]
+    else:
+        a += ["--make-vocab-size-divisible-by", str(vocab_divisor(spec.vocab_size, tp))]
+    return a
+
+
+def vocab_divisor(vocab: int, tp: int) -> int:
+    """``--make-vocab-size-divisible-by`` that keeps the planned vocabulary: Megatron pads the vocabulary to
+    a multiple of this times tp (HEAD megatron/core/tokenizers/utils/build_tokenizer.py ``vocab_size_with_padding``,
+    default 128),
+    which would add rows the plan did not count (151,936 at tp 4 becomes 152,064). The largest divisor of
+    128 whose product with tp divides the vocabulary; 1 when tp does not divide it (Megatron must then pad
+    to a multiple of tp for its vocabulary-parallel embedding)."""
+    return math.gcd(vocab // tp, 128) if vocab % tp == 0 else 1
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def _architecture_args(spec: ModelSpec) -> list[str]:
+    """Norm, position embedding and biases, stated always where Megatron's defaults (LayerNorm, learned
+    absolute positions, biases on: megatron/training/arguments.py and transformer_config.py at HEAD
+    d98e8a64 and core_v0.12.1 a845aa7e, the line MindSpeed-LLM runs) differ from most models, so that the
+    launch builds the planned architecture whatever those defaults become."""
+    a = ["--normalization", spec.normalization, "--position-embedding-type", spec.position_embedding_type]
+    if spec.position_embedding_type == "rope":
+        a += ["--rotary-base", str(spec.rotary_base)]
+    if not spec.add_bias_linear:
+        a.append("--disable-bias-linear")
+        if spec.add_qkv_bias:
+            a.append("--add-qkv-bias")  # Megatron turns add_qkv_bias on with add_bias_linear
+    if spec.qk_layernorm:
+        a.append("--qk-layernorm")
+    return a
+
+
+def _mla_rope_args(spec: ModelSpec, fmt: str) -> list[str]:
+    """MLA's YaRN rotary scaling. Megatron-LM: --rotary-scaling-factor, --mscale, --mscale-all-dim (core_v0.12.1
+    and HEAD _add_mla_args; its MLA always applies YaRN, original length 4096 fixed in MLATransformerConfig,
+    and a factor of 1 is plain RoPE). MindSpeed-LLM's own MLA reads its --rope-scaling-* flags instead
+    (mindspeed_llm features_manager MLA feature; examples/mcore/deepseek3/pretrain_deepseek3_671b_4k_ptd.sh
+    ROPE_ARGS), with YaRN only when --rope-scaling-type yarn is given."""
+    names = ("rotary_scaling_factor", "mscale", "mscale_all_dim")
+    if fmt != "mindspeed":
+        return [x for n in names if getattr(spec, n) is not None
+                for x in ("--" + n.replace("_", "-"), _num(getattr(spec, n)))]
+    if spec.rotary_scaling_factor is None or spec.rotary_scaling_factor == 1:
+        return []
+    a = ["--rope-scaling-type", "yarn", "--rope-scaling-factor", _num(spec.rotary_scaling_factor),
+         "--rope-scaling-original-max-position-embeddings", "4096"]
+    for n, flag in (("mscale", "--rope-scaling-mscale"), ("mscale_all_dim", "--rope-scaling-mscale-all-dim")):
+        if getattr(spec, n) is not None:
+            a += [flag, _num(getattr(spec, n))]
+    return a
+
+
+def _router_args(spec: ModelSpec) -> list[str]:
+    """The router's score function, expert bias, scaling and group routing (Megatron-Core's --moe-router-*
+    flags, in both core_v0.12.1 and HEAD; defaults softmax, no bias, no scaling, no groups)."""
+    a = ["--moe-router-score-function", spec.moe_router_score_function]
+    if spec.moe_router_pre_softmax:
+        a.append("--moe-router-pre-softmax")
+    if spec.moe_router_enable_expert_bias:
+        a.append("--moe-router-enable-expert-bias")
+    if spec.moe_router_topk_scaling_factor is not None:
+        a += ["--moe-router-topk-scaling-factor", _num(spec.moe_router_topk_scaling_factor)]
+    if spec.moe_router_num_groups is not None:
+        a += ["--moe-router-num-groups", str(spec.moe_router_num_groups),
+              "--moe-router-group-topk", str(spec.moe_router_group_topk)]
     return a
 
 
@@ -112,8 +186,8 @@ def launch_args(config: dict | TrainingConfig, spec: ModelSpec, fmt: str = "mega
         # MindSpeed fused kernels, as in MindSpeed-LLM's recipes (pretrain_deepseek3_671b_4k_ptd.sh):
         # "--use-flash-attn" (MindSpeed features_manager/transformer/flash_attention/fusion_attention_v1_feature.py),
         # "--use-fused-rmsnorm" (MindSpeed mindspeed/arguments.py, features_manager/megatron_basic/megatron_basic.py)
-        a += ["--use-flash-attn", "--use-fused-rmsnorm"]
-    return a + _model_args(spec, fmt, e.split.num_layers, e.split.real)
+        a += ["--use-flash-attn"] + (["--use-fused-rmsnorm"] if spec.normalization == "RMSNorm" else [])
+    return a + _model_args(spec, fmt, e.split.num_layers, e.split.real, cfg.tp)
 
 
 def format_args(tokens: list[str]) -> str:
