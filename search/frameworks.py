@@ -194,8 +194,28 @@ def express(config: TrainingConfig, spec: ModelSpec, framework: str,
     out.add("context_parallel", *_context_parallel(config, spec, ms, scale_up_domain))
     out.add("moe", *_moe(config, spec, ms, scale_up_domain))
     out.refusals += _a2a_overlap_pipeline(config, spec, ms)
-    out.add("precision", ["--fp8-format", "hybrid"] if config.precision == "fp8" else [])
+    out.add("precision", _fp8(config, ms))
     return out
+
+
+# Recompute modules whose fp8 inputs Transformer Engine must re-quantise in the recomputation: Megatron's
+# default delayed scaling refuses them (HEAD transformer_config.py "Delayed scaling does not support moe_act
+# and layernorm recompute for fp8")
+FP8_CURRENT_SCALING_MODULES = ("layernorm", "moe_act")
+
+
+def _fp8(cfg: TrainingConfig, ms: bool) -> list[str]:
+    """The cost model prices fp8 as per-tensor scaled E4M3/E5M2 GEMMs with one-byte inputs (the H100
+    profile's fp8_gemm_eff_ratio: "delayed or current scaling"): Megatron's ``delayed`` recipe (its
+    default, stated), or per-tensor current scaling (``tensorwise``, core_v0.12.1 and HEAD --fp8-recipe)
+    where the recompute modules need it. MindSpeed states Megatron's default (its MC2 rule reads it)."""
+    if cfg.precision != "fp8":
+        return []
+    if ms:
+        return ["--fp8-format", "hybrid"]
+    modules = (cfg.recompute_modules or ["core_attn"]) if cfg.recompute == "selective" else []
+    recipe = "tensorwise" if any(m in FP8_CURRENT_SCALING_MODULES for m in modules) else "delayed"
+    return ["--fp8-format", "hybrid", "--fp8-recipe", recipe]
 
 
 def refusals(config: TrainingConfig, spec: ModelSpec, framework: str,
@@ -260,6 +280,8 @@ def _megatron_split_flags(cfg: TrainingConfig, spec: ModelSpec, tokens: list[str
     if cfg.pipeline_layout is not None:
         return ["--pipeline-model-parallel-layout", cfg.pipeline_layout]
     if cfg.first_stage_layers is not None or cfg.last_stage_layers is not None:
+        if cfg.pp > 1 and not _megatron_uneven_exact(cfg, spec):
+            return ["--pipeline-model-parallel-layout", layout_string(tokens)]
         args = ["--num-virtual-stages-per-pipeline-rank", str(cfg.vpp)] if cfg.pp > 1 else []
         if cfg.first_stage_layers is not None:
             args += ["--decoder-first-pipeline-num-layers", str(cfg.first_stage_layers)]
@@ -276,6 +298,21 @@ def _megatron_split_flags(cfg: TrainingConfig, spec: ModelSpec, tokens: list[str
         return args + ["--num-layers-per-virtual-pipeline-stage", str(slots // stages)]
     # With one stage the flag states nothing, and older Megatron-LM releases assert it needs pp > 1.
     return args + (["--num-virtual-stages-per-pipeline-rank", "1"] if cfg.pp > 1 else [])
+
+
+def _megatron_uneven_exact(cfg: TrainingConfig, spec: ModelSpec) -> bool:
+    """Whether --decoder-first/last-pipeline-num-layers give the cost model's split: Megatron (HEAD
+    transformer_config.py, "Uneven PP") requires the first and last counts and the layers of each middle
+    rank to divide by vpp and the middle layers to divide by the middle ranks, then spreads evenly; the
+    cost model spreads any remainder (pipeline.py), which only a layout string can state."""
+    fixed = [n for n in (cfg.first_stage_layers, cfg.last_stage_layers) if n is not None]
+    middle = cfg.pp - len(fixed)
+    rest = spec.num_layers - sum(fixed)
+    if any(n <= 0 or n % cfg.vpp for n in fixed):
+        return False
+    if middle == 0:
+        return rest == 0
+    return rest > 0 and rest % middle == 0 and (rest // middle) % cfg.vpp == 0
 
 
 def _noop_expressible(tokens: list[str], spec: ModelSpec) -> bool:
@@ -423,9 +460,11 @@ def _sharding(cfg: TrainingConfig, ms: bool) -> tuple[list[str], list[Refusal]]:
         args.append("--overlap-grad-reduce")
     if cfg.overlap_param_gather and stage != "no_shard":  # without sharded weights there is nothing to gather
         if not cfg.overlap_grad_reduce:
-            # HEAD arguments.py: "Must use --overlap-param-gather with --overlap-grad-reduce"
+            # HEAD arguments.py: "Must use --overlap-param-gather with --overlap-grad-reduce"; the plan hides
+            # the all-gather, so the launch cannot drop the overlap either: refused, and no flag emitted
             bad.append(Refusal("overlap_param_gather", True, "needs overlap_grad_reduce"))
-        args.append("--overlap-param-gather")
+        else:
+            args.append("--overlap-param-gather")
     return args, bad
 
 
@@ -580,6 +619,9 @@ def _moe(cfg: TrainingConfig, spec: ModelSpec, ms: bool,
     if cfg.tp > 1 and not cfg.sp:
         # megatron/core/transformer/moe/moe_layer.py (core_v0.12.1 and HEAD) raises in training
         bad.append(Refusal("sequence_parallel", False, "MoE layers with tp > 1 need sequence parallelism"))
+    if spec.add_bias_linear and cfg.etp > 1:
+        # HEAD transformer_config.py: "Bias in Moe is only supported when ETP==1"
+        bad.append(Refusal("etp", cfg.etp, "the experts' linear biases need etp = 1"))
     hierarchical = cfg.moe_a2a_algorithm == "hierarchical" and ep_leaves_domain(cfg, scale_up_domain)
     if not hierarchical:
         args = ["--moe-token-dispatcher-type", "alltoall"]

@@ -51,6 +51,12 @@ MEGATRON_ARGS = [
     # NVIDIA/Megatron-LM megatron/training/arguments.py at d98e8a64ddf34856e74b24714e3bedb2f5a39553 (its default
     # "auto" is the bf16 model dtype, so the export states the planned gradient dtype)
     "--megatron-fsdp-main-grads-dtype",
+    # the model's architecture and router, the fp8 recipe and the vocabulary padding: literal add_argument
+    # calls at 67f3515c (and at core_v0.12.1 a845aa7e); generated from TransformerConfig at d98e8a64
+    "--normalization", "--position-embedding-type", "--rotary-base", "--disable-bias-linear", "--add-qkv-bias",
+    "--qk-layernorm", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--moe-router-score-function",
+    "--moe-router-pre-softmax", "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor",
+    "--moe-router-num-groups", "--moe-router-group-topk", "--fp8-recipe", "--make-vocab-size-divisible-by",
 ]
 
 # MindSpeed-LLM argument names. Megatron (core 0.12.1, which MindSpeed-LLM runs on) names as MindSpeed-LLM's
@@ -72,6 +78,10 @@ MINDSPEED_MEGATRON_ARGS = [
     "--vocab-size", "--padded-vocab-size",
     # core_v0.12.1 (a845aa7e12b3a117e24c2352b9e3e60bad2e3a17) megatron/training/arguments.py:1568
     "--recompute-modules",
+    # core_v0.12.1 arguments.py, as the DeepSeek-V3 recipe above uses them (GPT_ARGS, MLA_ARGS, MOE_ARGS)
+    "--normalization", "--position-embedding-type", "--rotary-base", "--disable-bias-linear", "--add-qkv-bias",
+    "--qk-layernorm", "--moe-router-score-function", "--moe-router-pre-softmax", "--moe-router-enable-expert-bias",
+    "--moe-router-topk-scaling-factor", "--moe-router-num-groups", "--moe-router-group-topk",
 ]
 # ... and MindSpeed's own, from Ascend/MindSpeed at commit 028de58ca629d035185b00ff7d1eb7eff4f7fd48:
 MINDSPEED_OWN_ARGS = [
@@ -90,6 +100,9 @@ MINDSPEED_OWN_ARGS = [
     # ... and MindSpeed-LLM's own, at c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91:
     "--recompute-mla-up-proj", "--mla-up-proj-tp-overlap", "--mla-mm-split",  # .../multi_latent_attention/mla_feature.py
     "--context-parallel-algo",             # features_manager/context_parallel/context_parallel_feature.py
+    # MLA's YaRN: the DeepSeek-V3 recipe's ROPE_ARGS (MindSpeed-LLM's MLA feature registers them)
+    "--rope-scaling-type", "--rope-scaling-factor", "--rope-scaling-mscale", "--rope-scaling-mscale-all-dim",
+    "--rope-scaling-original-max-position-embeddings",
     "--quant-states",                      # features_manager/low_precision/low_precision_optimizer_feature.py
 ]
 # How MindSpeed-LLM recomputes each selective module (search/frameworks.py says why): through Megatron's
@@ -295,11 +308,17 @@ def test_uneven_spread_and_first_last():
     assert parse_layout(_one(f, "--pipeline-model-parallel-layout")) == stage_tokens(TrainingConfig(**even), spec)
     assert f["--recompute-method"] == ["block"] and f["--recompute-num-layers"] == ["2"]
     check_mindspeed(spec, {**even, "moe_a2a_algorithm": "flat"}, 8)
-    fl = {"tp": 2, "pp": 8, "vpp": 2, "ep": 64, "global_batch_size": 4096, "first_stage_layers": 7,
-          "last_stage_layers": 6}
+    # 7 + 6 * 8 + 6 = 61: Megatron's uneven split gives exactly the cost model's
+    fl = {"tp": 2, "pp": 8, "ep": 64, "global_batch_size": 4096, "first_stage_layers": 7, "last_stage_layers": 6}
     f = check_megatron(spec, fl, 8)
     assert _one(f, "--decoder-first-pipeline-num-layers") == "7"
     assert _one(f, "--decoder-last-pipeline-num-layers") == "6"
+    check_mindspeed(spec, {**fl, "moe_a2a_algorithm": "flat"}, 8)
+    # with vpp 2 Megatron needs 7 and 6 divisible by vpp (transformer_config.py "Uneven PP"): a layout states it
+    fl["vpp"] = 2
+    f = check_megatron(spec, fl, 8)
+    assert "--decoder-first-pipeline-num-layers" not in f and "--decoder-last-pipeline-num-layers" not in f
+    assert parse_layout(_one(f, "--pipeline-model-parallel-layout")) == stage_tokens(TrainingConfig(**fl), spec)
     check_mindspeed(spec, {**fl, "moe_a2a_algorithm": "flat"}, 8)
 
 
