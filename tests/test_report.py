@@ -60,6 +60,11 @@ def _figures(page: str) -> dict:
     return json.loads(m.group(1))
 
 
+def _title(fig: dict) -> str:
+    """A figure's title as one line (long titles wrap between words with <br>)."""
+    return fig["layout"]["title"]["text"].replace("<br>", " ")
+
+
 def test_search_results_carry_what_the_report_plots(results):
     for sampler, r in results.items():
         assert r["top"], sampler
@@ -88,10 +93,10 @@ def test_report_is_self_contained_with_four_plots(pages):
         assert any(t["name"].startswith("capacity") for t in mem) and any(t["name"] == "#1" for t in mem)
         assert "tiny-moe" in page and "nvidia-h100-80gb" in page and "Top 10 configs" in page
     tpe, nsga, exh = (_figures(pages[s].read_text()) for s in ("tpe", "nsga2", "exhaustive"))
-    assert tpe["plot-history"]["layout"]["title"]["text"].startswith(f"Optimisation history: {SMALL['trials']} trials")
-    assert "NSGA-II" in nsga["plot-pareto"]["layout"]["title"]["text"]
-    assert "top configs" in tpe["plot-pareto"]["layout"]["title"]["text"]
-    assert "No trial history (exhaustive" in exh["plot-history"]["layout"]["title"]["text"]
+    assert _title(tpe["plot-history"]).startswith(f"Optimisation history: {SMALL['trials']} trials")
+    assert "NSGA-II" in _title(nsga["plot-pareto"])
+    assert "top configs" in _title(tpe["plot-pareto"])
+    assert "No trial history (exhaustive" in _title(exh["plot-history"])
     best = [t for t in tpe["plot-history"]["data"] if t["name"] == "best so far"][0]["y"]
     assert best == sorted(best)  # best so far never falls
 
@@ -159,14 +164,14 @@ def test_service_report_404_409_and_history_from_the_study(tmp_path):
         page = r.text
         assert not EXTERNAL.search(page) and all(f'id="{pid}"' in page for pid in PLOT_IDS)
         figs = _figures(page)
-        title = figs["plot-history"]["layout"]["title"]["text"]
+        title = _title(figs["plot-history"])
         assert title.startswith(f"Optimisation history: {SMALL_JOB['search']['n_trials']} trials"), title
         assert job["id"] in page
         ranks = client.get(f"/v1/jobs/{job['id']}/configs").json()["items"]
         assert figs["plot-time"]["data"][0]["x"] == [f"#{c['rank']}" for c in ranks[:10]]
 
         page = client.get(f"/v1/jobs/{exh['id']}/report").text
-        assert "No trial history (exhaustive" in _figures(page)["plot-history"]["layout"]["title"]["text"]
+        assert "No trial history (exhaustive" in _title(_figures(page)["plot-history"])
         assert "/v1/jobs/{job_id}/report" in client.get("/openapi.json").json()["paths"]
 
         # the README's Optuna dashboard section: the study is `paraplan-job-<job id>` in DATABASE_URL
@@ -179,7 +184,7 @@ def test_service_report_404_409_and_history_from_the_study(tmp_path):
 
         # a study that is gone: the report still renders and says why there is no history
         optuna.delete_study(study_name=f"paraplan-job-{job['id']}", storage=optuna_storage(settings.database_url))
-        title = _figures(client.get(f"/v1/jobs/{job['id']}/report").text)["plot-history"]["layout"]["title"]["text"]
+        title = _title(_figures(client.get(f"/v1/jobs/{job['id']}/report").text)["plot-history"])
         assert "study is not in the database" in title
 
 
@@ -201,3 +206,119 @@ def test_report_command_from_a_server(tmp_path):
     finally:
         srv.stop()
 
+
+
+# ---- what the report looks like in Chromium (issue 18): the best config visible, integer stage ticks,
+# titles inside their panels and clear of the mode bar --------------------------------------------------
+# Injected into a copy of the page: once Plotly has drawn, it writes each plot's panel, title and mode-bar
+# boxes, its x tick labels and, per trace, the drawing order and which probes of each marker hit the trace
+# itself (document.elementFromPoint: the topmost element there; the drag and hover layers, which cover
+# everything to catch the mouse, are taken out of hit testing).
+GEOMETRY_JS = """
+(function () {
+  function box(el) { if (!el) return null; var r = el.getBoundingClientRect();
+    return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: r.width, height: r.height}; }
+  function measure() {
+    var css = document.createElement("style");
+    css.textContent = ".draglayer, .draglayer *, .hoverlayer, .hoverlayer *, .modebar-container, .modebar-container * "
+      + "{pointer-events: none !important} .scatterlayer .trace, .scatterlayer .trace * "
+      + "{pointer-events: visiblePainted !important}";
+    document.head.appendChild(css);
+    var out = {};
+    PLOT_IDS.forEach(function (id) {
+      var div = document.getElementById(id);
+      var g = {panel: box(div), title: box(div.querySelector(".gtitle")), modebar: box(div.querySelector(".modebar")),
+               plotarea: box(div.querySelector(".nsewdrag")),
+               xticks: Array.prototype.map.call(div.querySelectorAll(".xtick text"), function (t) { return t.textContent; }),
+               traces: []};
+      (div._fullData || []).forEach(function (tr) {
+        var el = div.querySelector(".scatterlayer .trace" + tr.uid);
+        if (!el) return;
+        var pts = Array.prototype.map.call(el.querySelectorAll("path.point"), function (p) {
+          var b = box(p), cx = (b.left + b.right) / 2, cy = (b.top + b.bottom) / 2, r = 0.9 * b.width / 2;
+          var probes = [[cx, cy], [cx + r, cy], [cx - r, cy], [cx, cy + r], [cx, cy - r]].map(function (q) {
+            var hit = document.elementFromPoint(q[0], q[1]);
+            return !!(hit && hit.closest && hit.closest(".trace") === el);
+          });
+          return {box: b, center: probes[0], ring: probes.slice(1)};
+        });
+        g.traces.push({name: tr.name, order: Array.prototype.indexOf.call(el.parentNode.children, el), points: pts});
+      });
+      out[id] = g;
+    });
+    var pre = document.createElement("pre");
+    pre.id = "geometry";
+    pre.textContent = JSON.stringify(out);
+    document.body.appendChild(pre);
+  }
+  window.addEventListener("load", function () { setTimeout(measure, 1500); });
+})();
+"""
+
+
+def _geometry(page_html: str, path) -> dict:
+    import html as html_mod
+
+    js = GEOMETRY_JS.replace("PLOT_IDS", json.dumps(list(PLOT_IDS)))
+    path.write_text(page_html.replace("</body>", f"<script>{js}</script></body>"), encoding="utf-8")
+    dom = shot.rendered_dom(path)
+    m = re.search(r'<pre id="geometry">(.*?)</pre>', dom, re.S)
+    assert m, dom[-2000:]
+    return json.loads(html_mod.unescape(m.group(1)))
+
+
+def _inside(inner: dict, outer: dict) -> bool:
+    return (inner["left"] >= outer["left"] and inner["right"] <= outer["right"] and inner["top"] >= outer["top"]
+            and inner["bottom"] <= outer["bottom"])
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    return a["left"] < b["right"] and b["left"] < a["right"] and a["top"] < b["bottom"] and b["top"] < a["bottom"]
+
+
+@pytest.fixture(scope="module")
+def pp1_result():
+    """A search whose best two configs are pp 1 (one point each, at stage 0) among pp 2 configs."""
+    r = shot.search_result("tiny-dense", "nvidia-a100-80gb", 8, 32, "exhaustive", 60, 3)
+    pps = [e["config"]["pp"] for e in r["top"]]
+    assert pps[:2] == [1, 1] and max(pps) > 1, pps
+    return r
+
+
+def test_report_in_chromium_shows_the_best_config_and_fits_its_titles(chromium, pp1_result, results, tmp_path):
+    no_history = {**results["tpe"], "history": None,
+                  "history_note": "the job's Optuna study is not in the database"}  # the longest title
+    pages = {"pp1": pp1_result, "nsga2": results["nsga2"], "tpe-no-history": no_history}
+    for name, result in pages.items():
+        geo = _geometry(render_report(result), tmp_path / f"{name}.html")
+        for pid in PLOT_IDS:
+            g = geo[pid]
+            assert g["title"] and g["title"]["width"] > 0, (name, pid)
+            assert _inside(g["title"], g["panel"]), (name, pid, g["title"], g["panel"])
+            assert g["modebar"] and not _overlap(g["title"], g["modebar"]), (name, pid, g["title"], g["modebar"])
+        mem = geo["plot-memory"]
+        # one integer tick per stage of the longest pipeline: 0 … pp-1, each once
+        stages = max(len(e["evaluation"]["memory"]["per_stage_peak_gib"]) for e in result["top"][:10])
+        assert mem["xticks"] == [str(i) for i in range(stages)], (name, mem["xticks"])
+        traces = {t["name"]: t for t in mem["traces"]}
+        best = traces["#1"]
+        assert best["order"] == max(t["order"] for t in mem["traces"]), name  # drawn last: on top
+        for p in best["points"]:
+            assert p["box"]["width"] >= 12 and _inside(p["box"], mem["plotarea"]), (name, p)
+            assert all(p["ring"]), (name, p)  # nothing drawn over the best config's marker
+        if name == "pp1":  # the second best, at the same stage and about the same peak, shows inside the ring
+            assert len(best["points"]) == 1 and all(pt["center"] for pt in traces["#2"]["points"]), traces["#2"]
+
+
+def test_memory_plot_ticks_one_integer_per_stage():
+    from app.formats.report import memory_figure
+
+    top = [{"rank": 1, "config": {"pp": 16}, "evaluation": {"memory": {"per_stage_peak_gib": [10.0] * 16,
+                                                                        "capacity_gib": 64.0}}},
+           {"rank": 2, "config": {"pp": 1}, "evaluation": {"memory": {"per_stage_peak_gib": [20.0],
+                                                                       "capacity_gib": 64.0}}}]
+    x = memory_figure(top, 4.0)["layout"]["xaxis"]
+    assert x["tickvals"] == list(range(16)) and x["ticktext"] == [str(i) for i in range(16)]
+    assert x["range"] == [-0.5, 15.5]
+    x = memory_figure(top[1:], 4.0)["layout"]["xaxis"]
+    assert x["tickvals"] == [0] and x["range"] == [-0.5, 0.5]  # one stage: one tick, the point mid-plot

@@ -110,10 +110,34 @@ def _peak(ev: dict) -> float | None:
     return _num((ev.get("memory") or {}).get("peak_gib"))
 
 
+PLOT_HEIGHT = 440  # px, every plot
+TITLE_CHARS = 60  # a title line wraps (between words) beyond this: ~420 px at TITLE_SIZE, inside a half-page panel
+TITLE_SIZE = 15  # px
+TITLE_TOP = 44  # px from the panel's top to the title's: below Plotly's mode bar (the tool icons, ~26 px tall)
+TITLE_LINE = 20  # px per title line
+
+
+def wrap_title(text: str, width: int = TITLE_CHARS) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken between words only."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
 def _layout(title: str, xtitle: str, ytitle: str, **extra) -> dict:
-    return {"title": {"text": title, "x": 0.01, "xanchor": "left"}, "xaxis": {"title": {"text": xtitle}}, "yaxis": {"title": {"text": ytitle}},
-            "margin": {"l": 70, "r": 20, "t": 60, "b": 60}, "height": 440, "legend": {"orientation": "h", "y": -0.2},
-            **extra}
+    # The title starts below the mode bar's band (it would sit under the tool icons at the top right) and
+    # wraps to the panel's width; the top margin grows with its lines.
+    lines = wrap_title(title)
+    return {"title": {"text": "<br>".join(html.escape(line, quote=False) for line in lines), "x": 0.01,
+                      "xanchor": "left", "xref": "container", "yref": "container", "yanchor": "top",
+                      "y": 1 - TITLE_TOP / PLOT_HEIGHT, "font": {"size": TITLE_SIZE}},
+            "xaxis": {"title": {"text": xtitle}}, "yaxis": {"title": {"text": ytitle}},
+            "margin": {"l": 70, "r": 20, "t": TITLE_TOP + TITLE_LINE * len(lines) + 14, "b": 60},
+            "height": PLOT_HEIGHT, "legend": {"orientation": "h", "y": -0.2}, **extra}
 
 
 def pareto_front(points: list[tuple[float, float, int]]) -> list[int]:
@@ -141,32 +165,49 @@ def time_figure(top: list[dict]) -> dict:
                                             xaxis={"title": {"text": "rank"}, "type": "category"})}
 
 
+MAX_STAGE_TICKS = 32  # one tick per stage up to this many stages, else every k-th stage
+
+
 def memory_figure(top: list[dict], margin: float | None = None) -> dict:
-    data, cap = [], _capacity(top)
+    """Per-stage peaks of the top configs. The best config is drawn last (on top of the others) as a
+    large open ring, so that it stays visible where configs coincide, e.g. pp 1 configs, which are one
+    point each at stage 0; the x axis has one integer tick per stage and half a stage of room each side."""
+    configs, cap = [], _capacity(top)
     stages_max = 0
     for k, e in enumerate(top[:MAX_PLOTTED]):
         stages = [_num(v) for v in ((e["evaluation"].get("memory") or {}).get("per_stage_peak_gib") or [])]
         if not stages:
             continue
         stages_max = max(stages_max, len(stages))
-        data.append({"type": "scatter", "mode": "lines+markers" if len(stages) <= 64 else "lines",
-                     "name": f"#{e['rank']}", "x": list(range(len(stages))), "y": stages,
-                     "hovertemplate": f"#{e['rank']} {config_brief(e['config'])}<br>stage %{{x}}: %{{y:.1f}} GiB"
-                                      "<extra></extra>",
-                     "line": {"color": COLOURS[k % len(COLOURS)], "width": 3 if k == 0 else 1.5}})
+        colour, best = COLOURS[k % len(COLOURS)], not configs
+        marker = ({"size": 15, "symbol": "circle-open", "color": colour, "line": {"width": 3, "color": colour}}
+                  if best else {"size": 7, "color": colour})
+        configs.append({"type": "scatter", "mode": "lines+markers" if len(stages) <= 64 or best else "lines",
+                        "name": f"#{e['rank']}", "x": list(range(len(stages))),
+                        "y": stages, "marker": marker,
+                        "hovertemplate": f"#{e['rank']} {config_brief(e['config'])}<br>stage %{{x}}: %{{y:.1f}} GiB"
+                                         "<extra></extra>",
+                        "line": {"color": colour, "width": 3 if best else 1.5}})
+    data = []
+    span = [-0.5, max(stages_max, 1) - 0.5]
     if cap is not None:
         data.append({"type": "scatter", "mode": "lines", "name": f"capacity {cap:g} GiB",
-                     "x": [0, max(stages_max - 1, 1)], "y": [cap, cap],
+                     "x": span, "y": [cap, cap], "hoverinfo": "skip",
                      "line": {"color": "#d62728", "dash": "dash", "width": 2}})
         if margin:  # where the memory margin starts: a peak above it is SHORT
             data.append({"type": "scatter", "mode": "lines", "name": f"capacity − margin ({margin:g} GiB)",
-                         "x": [0, max(stages_max - 1, 1)], "y": [cap - margin, cap - margin],
+                         "x": span, "y": [cap - margin, cap - margin], "hoverinfo": "skip",
                          "line": {"color": "#ff7f0e", "dash": "dot", "width": 2}})
+    data += configs[::-1]  # Plotly draws later traces on top: the best last; the legend lists it first
+    step = max(1, math.ceil(max(stages_max, 1) / MAX_STAGE_TICKS))
     title = "Peak memory per pipeline stage" if stages_max else \
         "Peak memory per pipeline stage: no per-stage figures in this result"
     return {"data": data, "layout": _layout(title, "pipeline stage", "GiB", yaxis={
-        "title": {"text": "GiB"}, "rangemode": "tozero"}, xaxis={"title": {"text": "pipeline stage (lines: ranks)"},
-                                                                "tickformat": "d", "rangemode": "tozero"})}
+        "title": {"text": "GiB"}, "rangemode": "tozero"}, xaxis={
+        "title": {"text": "pipeline stage (lines: ranks; ring: the best config)"}, "range": span,
+        "tickmode": "array", "tickvals": list(range(0, max(stages_max, 1), step)),
+        "ticktext": [str(i) for i in range(0, max(stages_max, 1), step)], "zeroline": False},
+        legend={"orientation": "h", "y": -0.2, "traceorder": "reversed"})}
 
 
 def pareto_figure(result: dict) -> dict:
