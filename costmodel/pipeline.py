@@ -162,6 +162,58 @@ def split_chunks(spec: ModelSpec, pp: int, vpp: int, first: int, last: int, acc_
     return comp
 
 
+def _slot_flops(spec: ModelSpec) -> tuple[list[float], list[str]]:
+    """Forward FLOPs per token of each slot in model order, with its layout symbols: the decoder
+    layers (the first carries the embedding, a lookup with no matmul), the MTP modules and the LM head
+    with the loss. The contract's FLOP count (costmodel/flops.py) weighs them, so a 150K-vocabulary
+    head and an MTP module weigh what their matmuls do."""
+    from .flops import (attention_core_flops_per_token, dense_layer_matmul_params,
+                        moe_layer_active_matmul_params, mtp_matmul_params)
+
+    core = attention_core_flops_per_token(spec)
+    dense, moe = 2.0 * dense_layer_matmul_params(spec) + core, None
+    if spec.is_moe:
+        moe = 2.0 * moe_layer_active_matmul_params(spec) + core
+    costs = [moe if is_moe else dense for is_moe in spec.moe_layer_pattern()]
+    symbols = ["t"] * len(costs)
+    symbols[0] = "Et"
+    costs += [2.0 * mtp_matmul_params(spec) + core] * spec.mtp_num_layers
+    symbols += ["m"] * spec.mtp_num_layers
+    costs.append(2.0 * spec.hidden_size * spec.vocab_size)
+    symbols.append("L")
+    return costs, symbols
+
+
+def balanced_tokens(spec: ModelSpec, pp: int, vpp: int) -> list[str] | None:
+    """Per-virtual-stage tokens (``pipeline_layout`` symbols) of the contiguous split whose virtual
+    stages are as equal in forward FLOPs (``_slot_flops``) as the slots allow; None where there are
+    fewer slots than virtual stages.
+
+    "As equal as possible" is the least sum of squared stage costs (a dynamic programme over slot
+    boundaries), not the least maximum alone: with vpp > 1 a rank runs several chunks, and a split
+    that only caps the heaviest chunk may leave a rank whose chunks are all at the cap (80 Llama
+    layers over 8 stages: 11·7 + 3 caps chunks at 11, but rank 0 then holds 22 to rank 3's 14)."""
+    costs, symbols = _slot_flops(spec)
+    n, S = len(costs), pp * vpp
+    if n < S:
+        return None
+    prefix = np.concatenate([[0.0], np.cumsum(costs)]) / sum(costs)  # normalised: squares stay O(1)
+    sq = (prefix[None, :] - prefix[:, None]) ** 2  # [i, j]: stage of slots i..j-1
+    sq[np.tril_indices(n + 1)] = np.inf  # a stage holds at least one slot
+    best = sq[0].copy()  # best[j]: first j slots in s stages
+    back = np.zeros((S, n + 1), dtype=np.int64)
+    for stage in range(1, S):
+        total = best[:, None] + sq
+        back[stage] = np.argmin(total, axis=0)
+        best = total[back[stage], np.arange(n + 1)]
+    cuts, j = [n], n
+    for stage in range(S - 1, 0, -1):
+        j = int(back[stage, j])
+        cuts.append(j)
+    cuts = [0] + cuts[::-1]
+    return ["".join(symbols[cuts[k]:cuts[k + 1]]) for k in range(S)]
+
+
 @dataclass
 class StageSet:
     """Candidate stages per config: compositions (N, K, 5) and pipeline ranks (N, K).

@@ -8,7 +8,10 @@ Dimensions and the values offered (``docs/search.md`` is the user-facing copy):
   (MoE only); ``micro_batch_size``: 1, 2, 4, 8.
 * the pipeline split: the even spread (always), embedding and loss as layer slots where
   (layers + 2) divides by pp·vpp (Megatron's condition), and first/last stage sizes that give every
-  middle stage the same number of layers (vpp = 1).
+  middle stage the same number of layers (vpp = 1), and a split balanced by cost (pp > 1, any vpp):
+  a ``pipeline_layout`` whose virtual stages are as equal in forward FLOPs as the layers allow, the
+  embedding, LM head, loss and MTP modules at their cost (``costmodel.pipeline.balanced_tokens``),
+  offered where it differs from the even spread.
 * ``recompute``: none; selective with one of ``SELECTIVE_SETS`` (the modules the model has);
   full with ``recompute_num_layers`` all, 1, 2 or 4 per stage.
 * ``moe_a2a_algorithm`` (flat, hierarchical) where the expert-parallel group leaves the scale-up domain
@@ -48,7 +51,7 @@ import numpy as np
 from costmodel import ConfigBatch, TrainingConfig, validity
 from costmodel.batch import (CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DTYPE_BYTES, NO_VALUE, PRECISION_CODES,
                              RECOMPUTE_CODES, SHARDING_CODES, modules_mask)
-from costmodel.pipeline import stage_sets
+from costmodel.pipeline import LayoutError, balanced_tokens, split_chunks, stage_sets
 from costmodel.spec import ClusterProfile, ModelSpec
 
 from . import frameworks
@@ -58,7 +61,7 @@ VPP_MAX = 8
 ETP_VALUES = (1, 2, 4, 8)
 MBS_VALUES = (1, 2, 4, 8)
 FULL_RECOMPUTE_LAYERS = (None, 1, 2, 4)
-SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST = "even", "embedding_loss_slots", "first_last"
+SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST, SPLIT_BALANCED = "even", "embedding_loss_slots", "first_last", "balanced"
 SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
                 "account_for_loss_in_pipeline_split", "pipeline_layout")
 # Selective-recompute module sets, from Megatron-Core's default to the most memory-saving; a set is
@@ -156,6 +159,8 @@ class SearchSpace:
                 split[p["account_for_embedding"]] = names.index(SPLIT_SLOTS)
             if SPLIT_FIRST_LAST in names:
                 split[p["first_stage_layers"] != NO_VALUE] = names.index(SPLIT_FIRST_LAST)
+            if SPLIT_BALANCED in names:
+                split[p["layout_id"] != NO_VALUE] = names.index(SPLIT_BALANCED)
             keys = np.stack([p["tp"], p["cp"], p["pp"], p["vpp"], p["ep"], p["etp"], split,
                              p["moe_a2a_hierarchical"].astype(np.int64), p["cp_comm"]], axis=1)
             uniq = np.unique(keys, axis=0)
@@ -271,6 +276,12 @@ class SearchSpace:
         cfg = self._probe(tp=tp, cp=cp, ep=ep, etp=etp, moe_a2a_algorithm="hierarchical" if hierarchical else "flat",
                           cp_comm_type=CP_COMM_NAMES[cp_comm])
         return not frameworks.refusals(cfg, self.spec, self.framework, self._domain())
+
+    def layout_index(self, layout: str) -> int:
+        """The index of a ``pipeline_layout`` string in ``layouts`` (added if new)."""
+        if layout not in self.layouts:
+            self.layouts.append(layout)
+        return self.layouts.index(layout)
 
     def _split_row(self, pp, vpp, first, last, acc_emb, acc_loss, layout_id) -> np.ndarray:
         split = {"pp": pp, "vpp": vpp, "account_for_embedding_in_pipeline_split": bool(acc_emb),
@@ -397,7 +408,8 @@ class SearchSpace:
             [f.get("account_for_embedding_in_pipeline_split", False) for f in splits], dtype=bool)
         par["account_for_loss"] = np.array(
             [f.get("account_for_loss_in_pipeline_split", False) for f in splits], dtype=bool)
-        par["layout_id"] = np.array([0 if "pipeline_layout" in f else NO_VALUE for f in splits], dtype=np.int64)
+        par["layout_id"] = np.array([self.layout_index(f["pipeline_layout"]) if "pipeline_layout" in f else NO_VALUE
+                                     for f in splits], dtype=np.int64)
         a2a, cpc = self.resting("moe_a2a_algorithm"), self.resting("cp_comm_type")
         par["moe_a2a_hierarchical"] = np.array([c.get("moe_a2a_algorithm", a2a) == "hierarchical" for c in choices],
                                                dtype=bool)
@@ -434,6 +446,8 @@ def _split_fields(spec: ModelSpec, pp: int, vpp: int, mode: str) -> dict | None:
         if pp > 1 and (L + 2) % (pp * vpp) == 0:
             return {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
         return None
+    if mode == SPLIT_BALANCED:
+        return _balanced_fields(spec, pp, vpp)
     if mode == SPLIT_FIRST_LAST and pp > 2 and vpp == 1 and L % pp:
         middle = math.ceil(L / pp)
         rest = L - (pp - 2) * middle
@@ -441,6 +455,43 @@ def _split_fields(spec: ModelSpec, pp: int, vpp: int, mode: str) -> dict | None:
         if first >= 1 and rest - first >= 1:
             return {"first_stage_layers": first, "last_stage_layers": rest - first}
     return None
+
+
+_BALANCED_CACHE: dict[tuple[str, int, int], str | None] = {}
+
+
+def _balanced_layout(spec: ModelSpec, pp: int, vpp: int) -> str | None:
+    """The cost-balanced ``pipeline_layout`` of (pp, vpp), or None where it holds the same layers per
+    virtual stage as the even rule (offering it twice would only double the space). Remembered per
+    spec: a sampler asks for it every trial."""
+    key = (spec.model_dump_json(), pp, vpp)
+    if key not in _BALANCED_CACHE:
+        if len(_BALANCED_CACHE) > 4096:
+            _BALANCED_CACHE.clear()
+        _BALANCED_CACHE[key] = _balanced_layout_uncached(spec, pp, vpp)
+    return _BALANCED_CACHE[key]
+
+
+def _balanced_layout_uncached(spec: ModelSpec, pp: int, vpp: int) -> str | None:
+    tokens = balanced_tokens(spec, pp, vpp)
+    if tokens is None:
+        return None
+    layout = frameworks.layout_string(tokens)
+    try:
+        even = split_chunks(spec, pp, vpp, NO_VALUE, NO_VALUE, False, False, None)
+    except LayoutError:  # the even spread leaves a virtual stage empty: only the balanced split exists
+        return layout
+    same = np.array_equal(split_chunks(spec, pp, vpp, NO_VALUE, NO_VALUE, False, False, layout), even)
+    return None if same else layout
+
+
+def _balanced_fields(spec: ModelSpec, pp: int, vpp: int) -> dict | None:
+    """A split whose virtual stages are balanced by cost (costmodel.pipeline.balanced_tokens), as
+    Megatron's ``--pipeline-model-parallel-layout``; only with pp > 1."""
+    if pp == 1:
+        return None
+    layout = _balanced_layout(spec, pp, vpp)
+    return None if layout is None else {"pipeline_layout": layout}
 
 
 def _values(spec: ModelSpec, profile: ClusterProfile, devices: int, allow_cross_domain_tp: bool,
@@ -462,7 +513,7 @@ def _values(spec: ModelSpec, profile: ClusterProfile, devices: int, allow_cross_
     return {"tp": tp, "cp": cp, "pp": pp, "vpp": vpp, "ep": ep, "etp": etp,
             "moe_a2a_algorithm": a2a, "cp_comm_type": list(frameworks.algorithm_values(framework, "cp_comm_type")),
             "micro_batch_size": list(MBS_VALUES),
-            "split": [SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST],
+            "split": [SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST, SPLIT_BALANCED],
             "recompute": recompute, "distributed_optimizer": [True],
             "tp_comm_overlap": [False, True], "moe_a2a_overlap": [False, True] if spec.is_moe else [False]}
 
@@ -520,6 +571,8 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
             fields = _split_fields(spec, pp, vpp, mode)
             if fields is None:
                 continue
+        if "pipeline_layout" in fields and fields["pipeline_layout"] not in layouts:
+            layouts.append(fields["pipeline_layout"])
         split_rows.append((pp, vpp, fields))
     grid = list(product(range(len(split_rows)), values["tp"], values["cp"], values["ep"], values["etp"],
                         values["micro_batch_size"]))
@@ -537,8 +590,8 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
         "last_stage_layers": field_col("last_stage_layers", NO_VALUE).astype(np.int64),
         "account_for_embedding": field_col("account_for_embedding_in_pipeline_split", False).astype(bool),
         "account_for_loss": field_col("account_for_loss_in_pipeline_split", False).astype(bool),
-        "layout_id": np.where(field_col("pipeline_layout", "") != "", 0, NO_VALUE).astype(np.int64)
-        if layouts else np.full(len(g), NO_VALUE, dtype=np.int64),
+        "layout_id": np.array([layouts.index(r[2]["pipeline_layout"]) if "pipeline_layout" in r[2] else NO_VALUE
+                               for r in split_rows], dtype=np.int64)[split_idx],
         # the algorithms' resting values; _with_algorithms adds the others where they matter
         "moe_a2a_hierarchical": np.zeros(len(g), dtype=bool), "cp_comm": np.zeros(len(g), dtype=np.int64),
     }
