@@ -69,6 +69,7 @@ class BatchResult:
     layer_act_bytes: tuple | None = None
     layer_input_bytes: np.ndarray | None = None
     full_recompute_cap: np.ndarray | None = None
+    overlap_extra_microbatches: np.ndarray | None = None  # (N,) see pipeline.a2a_overlap_extra_microbatches
 
     def stage_peaks(self, i: int) -> np.ndarray:
         """Peak bytes of every pipeline stage of config ``i``, in rank order.
@@ -83,7 +84,8 @@ class BatchResult:
         match = (comps[:, None, :] == cand[None, :, :]).all(axis=2).argmax(axis=1)
         ranks = np.arange(len(comps))[None, :]
         held = pipeline.microbatches_in_flight(self.pp[i:i + 1], self.vpp[i:i + 1], self.microbatches[i:i + 1], ranks)[0]
-        held_act = self.stage_act_microbatch_bytes[i, match] * held
+        extra = self.overlap_extra_microbatches[i]
+        held_act = self.stage_act_microbatch_bytes[i, match] * (held + extra * (held < self.microbatches[i]))
         uneven = self.stages.split_unevens[s] & (self.pp[i] > 1)
         for r in np.flatnonzero(uneven).tolist():  # chunks differ: replay the schedule (see _score)
             chunks = self.stages.split_chunk_acts[s][r].astype(np.float64)  # (vpp, 3) layers
@@ -93,7 +95,8 @@ class BatchResult:
             per_layer = [a[i] * (1 - f) + f * self.layer_input_bytes[i]
                          for a, f in zip(self.layer_act_bytes, (frac, frac, 0.0))]
             held_act[r] = pipeline.replay_peak_activation_bytes(
-                int(self.pp[i]), int(self.vpp[i]), int(round(self.microbatches[i])), r, chunks @ per_layer)
+                int(self.pp[i]), int(self.vpp[i]), int(round(self.microbatches[i])), r, chunks @ per_layer
+            ) + extra * self.stage_act_microbatch_bytes[i, match[r]]
         return self.stage_states_bytes[i, match] + held_act + self.stage_fixed_bytes[i, match]
 
     def __len__(self) -> int:
@@ -174,7 +177,7 @@ CHUNK_CONFIGS = 16384
 
 STAGE_KEYS = ("stage_peak_bytes", "stage_states_bytes", "stage_act_microbatch_bytes", "stage_fixed_bytes",
               "layer_act_dense_bytes", "layer_act_moe_bytes", "layer_act_mtp_bytes", "layer_input_bytes",
-              "full_recompute_cap")
+              "full_recompute_cap", "overlap_extra_microbatches")
 
 
 def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: ConfigBatch,
@@ -603,13 +606,15 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     rank = np.take(np.ascontiguousarray(st.split_rank_table[:, :k].T), split_index, axis=1)
     # (1, N) rows against (K, N) ranks: the function's [:, None] makes them (1, 1, N).
     in_flight = pipeline.microbatches_in_flight(b.pp[None, :], b.vpp[None, :], m[None, :], rank)[0]
-    held_act = act * in_flight
+    overlap_extra = pipeline.a2a_overlap_extra_microbatches(b.vpp, m, b.moe_a2a_overlap)
+    held_act = act * (in_flight + col(overlap_extra) * (in_flight < col(m)))
     # Where a rank's model chunks hold different layers, which chunks are in flight at the peak
     # matters: replay the schedule on the chunks' bytes (tabled per distinct split and m).
     uneven = np.take(np.ascontiguousarray(st.split_uneven_table[:, :k].T), split_index, axis=1)
     uneven &= (b.pp > 1)[None, :]
     if uneven.any():
         held_act = _replayed(st, split_index, uneven, m, held_act, unit_chunk_col, layer_act)
+        held_act += uneven * act * col(overlap_extra)  # the replay holds no overlapped micro-batch
     logits = n_head * col(head.act_bytes) * (1 + spec.mtp_num_layers)
     fixed = logits + transient
     activations = held_act + fixed
@@ -647,4 +652,4 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
         stage_fixed_bytes=(fixed + hw.framework_overhead_bytes).T, microbatches=m,
         layer_act_dense_bytes=dense.act_bytes + 0 * m, layer_act_moe_bytes=moe.act_bytes + 0 * m,
         layer_act_mtp_bytes=mtp.act_bytes + 0 * m, layer_input_bytes=layer_input[0],
-        full_recompute_cap=np.where(full, rnl, 0).astype(np.float64))
+        full_recompute_cap=np.where(full, rnl, 0).astype(np.float64), overlap_extra_microbatches=overlap_extra)

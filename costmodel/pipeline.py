@@ -550,6 +550,19 @@ def in_flight_layers(pp: int, vpp: int, m: int, rank: int, chunk_layers: np.ndar
     return hit
 
 
+def a2a_overlap_extra_microbatches(vpp: np.ndarray, m: np.ndarray, a2a_overlap: np.ndarray) -> np.ndarray:
+    """Micro-batches of a stage held beyond the schedule's own when the expert all-to-all is overlapped.
+
+    Megatron-Core's combined 1F1B (``--overlap-moe-expert-parallel-comm``) runs one micro-batch's
+    forward beside another's backward, so its warm-up runs one more forward step than 1F1B's: one more
+    model chunk's activations alive, 1/vpp of a stage's with interleaving and a whole stage's with
+    pp = 1 (the next micro-batch's forward beside this one's backward). Megatron-LM d98e8a64
+    ``megatron/core/pipeline_parallel/schedules.py``: "we schedule one extra micro-batch forward step
+    before the 1f1b stages", and ``combined_1f1b_schedule_for_no_pipelining``. Zero without the overlap
+    or with one micro-batch."""
+    return np.where(a2a_overlap & (m > 1), 1.0 / vpp, 0.0)
+
+
 def bubble_s(pp: np.ndarray, vpp: np.ndarray, stage_microbatch_s: np.ndarray) -> np.ndarray:
     """Pipeline fill and drain: (pp − 1)/vpp micro-batch times of the slowest stage (SC21 §2.2.2)."""
     return (pp - 1) / vpp * stage_microbatch_s
