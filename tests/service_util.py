@@ -104,23 +104,46 @@ class Server:
 ENDED = ("succeeded", "failed", "cancelled")
 
 
-def wait_for(client: httpx.Client, job_id: str, until=ENDED, timeout: float = 60.0, seen: list | None = None) -> dict:
+def _progress(job: dict) -> tuple:
+    """What moves when a job makes progress: its status and its finished trials."""
+    return job["status"], (job.get("progress") or {}).get("trials_done")
+
+
+def wait_for(client: httpx.Client, job_id: str, until=ENDED, timeout: float | None = 60.0, seen: list | None = None,
+             stall: float | None = None) -> dict:
     """Poll job ``job_id`` (every 0.1 s) until ``until(job)`` holds and return the job. ``until`` is a
     predicate on the job's JSON, or a collection of statuses (the job's status in it). A job that ends
     without meeting it, or a timeout, is an AssertionError; ``seen`` collects ``(seconds, job)`` polls.
+
+    ``timeout`` bounds the whole wait (None: no bound); ``stall`` bounds the time without progress: the
+    wait fails only when neither the job's status nor its ``trials_done`` has moved for ``stall`` seconds.
+    A wait on a long job on a busy machine should use ``stall`` (with ``timeout=None``): how long the job
+    takes depends on the machine, whether it still advances does not. Progress is a new status or more
+    trials done than ever seen, so a finite job cannot keep the wait alive for ever.
     The one job poller of the tests and ``benchmarks/jobs.py``."""
     met = until if callable(until) else (lambda job: job["status"] in until)
-    started = time.monotonic()
+    started = last_move = time.monotonic()
+    statuses: set = set()
+    most_done = -1
     while True:
         job = client.get(f"/v1/jobs/{job_id}").raise_for_status().json()
+        now = time.monotonic()
         if seen is not None:
-            seen.append((time.monotonic() - started, job))
+            seen.append((now - started, job))
         if met(job):
             return job
         if job["status"] in ENDED:
             raise AssertionError(f"job ended {job['status']} without meeting the wait: {job}")
-        if time.monotonic() - started > timeout:
+        status, done = _progress(job)
+        if status not in statuses or (done is not None and done > most_done):
+            statuses.add(status)
+            most_done = max(most_done, done if done is not None else -1)
+            last_move = now
+        if timeout is not None and now - started > timeout:
             raise AssertionError(f"job still {job['status']} after {timeout} s: {job}")
+        if stall is not None and now - last_move > stall:
+            raise AssertionError(f"job {job['status']} made no progress for {stall} s (at {most_done} trials done, "
+                                 f"{now - started:.0f} s into the wait): {job}")
         time.sleep(0.1)
 
 
