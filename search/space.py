@@ -20,14 +20,16 @@ Dimensions and the values offered (``docs/search.md`` is the user-facing copy):
   offered only when its Ulysses part is neither 1 nor cp (else it equals p2p or a2a) and the Ulysses
   variants only with the attention heads divisible by Ulysses·tp (both frameworks require it). Both
   restricted to the values the framework can launch (``frameworks.ALGORITHMS``).
-* ``distributed_optimizer``, ``tp_comm_overlap`` (tp > 1), ``moe_a2a_overlap`` (ep > 1) and
-  ``sequence_parallel`` (tp > 1) are on. Their off values are dominated in the cost model: the
-  distributed optimizer moves less data-parallel traffic (a reduce-scatter plus a bf16 all-gather
-  against an all-reduce of fp32 gradients), shortens the optimizer step and saves 12 B per
-  parameter; an overlap never lengthens a step and costs no memory; sequence parallelism has the
-  same communication volume and less memory (Korthikanti et al. 2022 §4.2.2). Offering the off values
-  would only fill the top K with slower copies of the same layouts. Pin any of them with ``fixed``
-  (e.g. a framework without mc2: ``tp_comm_overlap=false``).
+* ``distributed_optimizer``, ``tp_comm_overlap`` (tp > 1) and ``sequence_parallel`` (tp > 1) are
+  on. Their off values are dominated in the cost model: the distributed optimizer moves less
+  data-parallel traffic (a reduce-scatter plus a bf16 all-gather against an all-reduce of fp32
+  gradients), shortens the optimizer step and saves 12 B per parameter; TP overlap never lengthens a
+  step and costs no memory; sequence parallelism has the same communication volume and less memory
+  (Korthikanti et al. 2022 §4.2.2). Offering the off values would only fill the top K with slower
+  copies of the same layouts. Pin any of them with ``fixed`` (e.g. a framework without mc2:
+  ``tp_comm_overlap=false``). ``moe_a2a_overlap`` is offered both ways with ep > 1 (off with ep = 1):
+  it hides the dispatch but holds one more model chunk's activations, so the off value may be the
+  one that fits.
 
 * with a ``framework`` (``search.frameworks``), only the configs it can express: an overlap's off value
   is offered where the framework cannot combine the overlap with the rest of the option (an off value
@@ -207,9 +209,9 @@ class SearchSpace:
             beaten = (on >= 0)[None, :] & expr[:, np.maximum(on, 0)]
             ok &= np.where(tp_ov[None, :], tp[:, None] > 1, (tp[:, None] == 1) | ~beaten)
         if "moe_a2a_overlap" not in self.fixed:
-            on = self._partner(3)
-            beaten = (on >= 0)[None, :] & expr[:, np.maximum(on, 0)]
-            ok &= np.where(a2a[None, :], ep[:, None] > 1, (ep[:, None] == 1) | ~beaten)
+            # on only where there is a dispatch to hide; off is not dominated where it is on: the
+            # overlap holds one more model chunk's activations (pipeline.a2a_overlap_extra_microbatches)
+            ok &= ~a2a[None, :] | (ep[:, None] > 1)
         return ok
 
     def _partner(self, flag: int) -> np.ndarray:

@@ -313,8 +313,12 @@ def test_more_overlap_never_slows_a_step(flag):
                 continue
             assert b["step_time_s"] <= a["step_time_s"] * (1 + 1e-12), (flag, model, c)
             faster += b["step_time_s"] < a["step_time_s"] * (1 - 1e-9)
-            # overlap changes time only, never memory
-            assert b["memory"]["peak_gib"] == pytest.approx(a["memory"]["peak_gib"], rel=1e-12)
+            if flag == "moe_a2a_overlap":
+                # combined 1F1B holds one more chunk's activations: never less memory
+                # (the amount: tests/test_a2a_overlap_memory.py)
+                assert b["memory"]["peak_gib"] >= a["memory"]["peak_gib"] * (1 - 1e-12)
+            else:  # the other overlaps change time only, never memory
+                assert b["memory"]["peak_gib"] == pytest.approx(a["memory"]["peak_gib"], rel=1e-12)
     assert faster > 10, f"{flag} never made any step faster"
 
 

@@ -58,10 +58,12 @@ def _brute_force(spec, profile, devices, gbs) -> set:
     valid = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs(models)).valid
     out = set()
     for lay in itertools.compress(layouts, valid):
-        for rec, algo in itertools.product(recompute, _algorithms(spec, lay, domain)):
-            # the dominated off values of the flags are not offered (docs/search.md)
+        # the dominated off values of the flags are not offered (docs/search.md); the all-to-all
+        # overlap costs memory, so both of its values are offered where there is a dispatch (ep > 1)
+        a2a_values = (False, True) if lay["ep"] > 1 else (False,)
+        for rec, algo, a2a in itertools.product(recompute, _algorithms(spec, lay, domain), a2a_values):
             out.add(_canon({**lay, **rec.fields(), **algo, "distributed_optimizer": True,
-                            "tp_comm_overlap": lay["tp"] > 1, "moe_a2a_overlap": lay["ep"] > 1}))
+                            "tp_comm_overlap": lay["tp"] > 1, "moe_a2a_overlap": a2a}))
     return out
 
 
