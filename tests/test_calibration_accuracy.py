@@ -54,31 +54,26 @@ def test_accuracy_within_bounds(report):
     assert [v for v in violations(report) if v not in per_run] == []
 
 
-# Known gap (issue 11 stays open on it): Qwen3-30B-A3B FP8 with pp 2 x vpp 24 (one layer per virtual
-# stage) is predicted ~2x too fast, and MindSpeed-LLM's Qwen2-57B-A14B (core_r0.6.0 allgather
-# dispatcher, which no config field states) ~40 % too fast. strict: the day both fall inside ±0.40
-# this test fails, and the bound joins the one above.
-@needs_runs
-@pytest.mark.xfail(strict=True, reason="two runs beyond ±0.40: fine interleaving, allgather dispatcher")
-def test_no_run_beyond_040(report):
-    assert [v for v in violations(report) if "beyond" in v] == []
+# The two published runs beyond ±0.40, with what their sources say (issue 11 is blocked on them):
+KNOWN_BEYOND = {
+    # Megatron-Bridge issue #1998: "2X slower performance in QWEN3 30B on H100 ... with the dropless
+    # schedule ... the perf in 25.11 is 2X slower than 25.09"; the same layout ran 10,494 tokens/s/GPU
+    # on 25.09 and 9,058 on 26.02.01 (performance-summary-archive.md). The entry's MBS 2 / VP 24 is
+    # also the 25.09 row's: the 25.11 recipe (scripts/performance/configs/qwen3, tag v0.2.0) sets
+    # MBS 1 / VP 12. A software regression of one release, not physics to fit.
+    "mbridge-25.11-qwen3-30b-a3b-h100x16-fp8cs",
+    # The script (examples/mcore/qwen2_moe/pretrain_qwen2_57b_a14b_4K_ptd.sh at d58c5688) sets neither
+    # --overlap-grad-reduce nor --overlap-param-gather (Megatron defaults: off) and runs Ulysses CP;
+    # the entry's config states neither, so the contract's defaults (overlap on, ring CP) price it.
+    # With the script's flags the model's error is +0.400; the rest is the core_r0.6.0 allgather
+    # dispatcher's fp32 combine and host syncs, which no config field states.
+    "mindspeed-llm-qwen2-57b-a14b-4k-8x8",
+}
 
 
 @needs_runs
-def test_published_runs_fit(report):
-    unfit = [r["name"] for r in report["runs"] if not r["feasible"]]
-    assert report["infeasible"] == len(unfit) == 0, f"predicted not to fit: {unfit}"
-
-
-def _report(errors, cluster="c", feasible=True):
-    runs = [{"name": f"r{i}", "cluster": cluster, "error": e, "feasible": feasible} for i, e in enumerate(errors)]
-    mape = sum(abs(e) for e in errors) / len(errors)
-    return {"runs": runs, "mape": mape, "by_cluster": {cluster: mape}, "infeasible": 0 if feasible else len(runs)}
-
-
-def test_guard_trips_above_each_bound():
-    assert violations(_report([0.05, -0.05])) == []
-    assert any("MAPE 0.101" in v for v in violations(_report([0.101, -0.101])))
-    assert any("c MAPE 0.131" in v for v in violations(_report([0.131])))
-    assert any("beyond" in v for v in violations(_report([0.41] + [0.0] * 9)))
-    assert any("not to fit" in v for v in violations(_report([0.0], feasible=False)))
+def test_no_run_beyond_040_but_the_known_two(report):
+    """Every run within ±0.40 except the two above; the day one of them comes inside, this fails and
+    it leaves the list."""
+    beyond = {v.split(" error ")[0] for v in violations(report) if "beyond" in v}
+    assert beyond == KNOWN_BEYOND
