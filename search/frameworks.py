@@ -1,7 +1,7 @@
 """The training frameworks a plan is for, and how each expresses the plan on its command line.
 
 One table that the search space (``search/space.py``: a search offers only configs its framework can
-run) and the launch exporter (``app/launch.py``: an export prints these flags) both read, so the two
+run) and the launch exporter (``app/formats/launch.py``: an export prints these flags) both read, so the two
 cannot disagree. ``express(config, spec, framework)`` returns the flags of every choice the cost model
 planned, and a ``Refusal`` for each choice the framework cannot carry out as planned; a non-empty
 ``refusals`` means the export refuses (never drops an option silently). A field at its default needs no
@@ -65,13 +65,15 @@ LABELS = {"megatron": "Megatron-LM", "mindspeed": "MindSpeed-LLM"}
 # Every TrainingConfig field and where ``express`` states it; tests/test_frameworks.py fails when a field is
 # added without a line here, and checks that a non-default value of each changes the flags or is refused.
 FIELDS = {
-    "tp": "--tensor-model-parallel-size (app/launch.py)", "pp": "--pipeline-model-parallel-size (app/launch.py)",
-    "vpp": "pipeline_split", "cp": "--context-parallel-size (app/launch.py)",
-    "ep": "--expert-model-parallel-size (app/launch.py)", "etp": "--expert-tensor-parallel-size (app/launch.py)",
+    "tp": "--tensor-model-parallel-size (app/formats/launch.py)",
+    "pp": "--pipeline-model-parallel-size (app/formats/launch.py)",
+    "vpp": "pipeline_split", "cp": "--context-parallel-size (app/formats/launch.py)",
+    "ep": "--expert-model-parallel-size (app/formats/launch.py)",
+    "etp": "--expert-tensor-parallel-size (app/formats/launch.py)",
     "dp": "no flag: the frameworks derive it from the device count",
-    "micro_batch_size": "--micro-batch-size (app/launch.py)",
-    "global_batch_size": "--global-batch-size (app/launch.py)",
-    "sequence_parallel": "--sequence-parallel (app/launch.py); _tp_overlap, _moe, _mindspeed_selective",
+    "micro_batch_size": "--micro-batch-size (app/formats/launch.py)",
+    "global_batch_size": "--global-batch-size (app/formats/launch.py)",
+    "sequence_parallel": "--sequence-parallel (app/formats/launch.py); _tp_overlap, _moe, _mindspeed_selective",
     "tp_comm_overlap": "_tp_overlap", "recompute": "_recompute", "recompute_modules": "_recompute",
     "recompute_num_layers": "_full_recompute", "distributed_optimizer": "_sharding",
     "overlap_grad_reduce": "_sharding", "overlap_param_gather": "_sharding",
