@@ -3,10 +3,13 @@ deleting, and the row -> API shape."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import secrets
+import threading
+import time
 import uuid
 
 from sqlalchemy import delete, func, select, update
@@ -116,16 +119,61 @@ def prepare(body: JobCreate, settings: Settings) -> dict:
     }
 
 
+# Idempotency-Keys whose first request is being created in this process (issue 19): a concurrent duplicate
+# is answered 409 at once, without a database round trip, instead of also building the search space and
+# holding a pooled connection until its INSERT loses to the first one's. Across processes the unique index
+# on (idempotency_scope, idempotency_key) decides and the loser replays the winner's job.
+_in_flight: set[tuple[str, str]] = set()
+_in_flight_lock = threading.Lock()
+IN_FLIGHT_RETRY_S = 1
+
+
+def _in_progress(key: str):
+    return http_error(409, ["header", "Idempotency-Key"], "a request with this Idempotency-Key is still being "
+                                                         f"processed; retry in {IN_FLIGHT_RETRY_S} s to get its job",
+                      "idempotency_in_progress", headers={"Retry-After": str(IN_FLIGHT_RETRY_S)})
+
+
+@contextlib.contextmanager
+def idempotency_slot(scope: str, key: str | None):
+    """Hold ``key``'s slot while its job is created; a 409 ``idempotency_in_progress`` (with Retry-After)
+    when another request of this process holds it. No database access: the route takes the slot on the
+    event loop, so that a burst of duplicates costs neither threads nor connections."""
+    if key is None:
+        yield
+        return
+    slot = (scope, key)
+    with _in_flight_lock:
+        if slot in _in_flight:
+            raise _in_progress(key)
+        _in_flight.add(slot)
+    try:
+        yield
+    finally:
+        with _in_flight_lock:
+            _in_flight.discard(slot)
+
+
 def create(db: Session, body: JobCreate, settings: Settings, scope: str,
            idempotency_key: str | None) -> tuple[Job, bool]:
     """The new job, owned by ``scope`` (the caller's API-key hash); or, for a replayed Idempotency-Key with
-    the same body, the existing one (``True``)."""
+    the same body, the existing one (``True``). A duplicate that arrives while the first request with its
+    key is still being created here is a 409 ``idempotency_in_progress`` with ``Retry-After``."""
+    with idempotency_slot(scope, idempotency_key):
+        return create_in_slot(db, body, settings, scope, idempotency_key)
+
+
+def create_in_slot(db: Session, body: JobCreate, settings: Settings, scope: str,
+                   idempotency_key: str | None) -> tuple[Job, bool]:
+    """``create`` for a caller that holds ``idempotency_slot(scope, idempotency_key)``."""
     digest = request_hash(body)
     if idempotency_key is not None:
         existing = _by_key(db, scope, idempotency_key)
         if existing is not None:
+            db.commit()  # end the read (nothing expires): the connection goes back to the pool
             return _replay(existing, digest), True
     _check_queue(db, scope, settings.max_queued_jobs)
+    db.commit()  # no connection is held while the inputs are resolved and the space is built (CPU work)
     fields = prepare(body, settings)
     now = utcnow()
     job = Job(id=str(uuid.uuid4()), status="queued", created_at=now, updated_at=now,

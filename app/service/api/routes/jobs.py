@@ -1,9 +1,10 @@
 """`/v1/jobs`: submit a search, follow it, read its ranked configs, cancel or delete it.
 
-The routes that read one job or one page of configs are ``async def``: they run on the event loop,
-since their database reads take well under a millisecond and a thread hop per request would cost more
-than the read (latency under load: README, "Service"). Routes that compute (submitting builds the
-search space), write, or may read hundreds of rows are plain ``def`` and run in the thread pool.
+Every route here but ``submit`` is a plain ``def`` and runs in the thread pool (``submit`` takes its
+Idempotency-Key slot on the event loop and creates the job in the pool): none does blocking database
+I/O on the event loop, so a frozen or unreachable database holds those threads (``PARAPLAN_API_THREADS``,
+one pooled connection each; every wait bounded by the engine's timeouts, then 503) while `/healthz`,
+`/readyz` and `/v1/evaluate` keep answering (issue 19; the reads of one job used to run on the loop).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.service.api.deps import api_scope, get_db, get_settings
 from app.service.core.config import Settings
@@ -62,19 +64,25 @@ def _out(db: Session, job) -> dict:
                                                                             "and body made the job before.",
                                                                             "true", required=False)}},
                         **BODY_ERRORS,
-                        409: error_doc("Idempotency-Key reused with another body.", ["header", "Idempotency-Key"],
+                        409: error_doc("Idempotency-Key reused with another body (`idempotency_conflict`), or "
+                                       "its first request is still being created (`idempotency_in_progress`, "
+                                       "with `Retry-After`: retry to get the job).",
+                                       ["header", "Idempotency-Key"],
                                        "this Idempotency-Key was used with another body", "idempotency_conflict"),
                         429: error_doc("Too many queued jobs (PARAPLAN_MAX_QUEUED_JOBS).", ["body"],
                                        "1000 jobs are already queued; retry later", "too_many_jobs",
                                        headers={"Retry-After": header_doc("Seconds to wait.", "30")})})
-def submit(request: Request, response: Response,
-           body: Annotated[JobCreate, Body(openapi_examples=EXAMPLES)],
-           idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200,
-                                                         description="Makes retries safe: same key and body, "
-                                                                     "same job.")] = None,
-           scope: str = Depends(api_scope), db: Session = Depends(get_db),
-           settings: Settings = Depends(get_settings)) -> dict:
-    job, replayed = service.create(db, body, settings, scope, idempotency_key)
+async def submit(request: Request, response: Response,
+                 body: Annotated[JobCreate, Body(openapi_examples=EXAMPLES)],
+                 idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200,
+                                                               description="Makes retries safe: same key and "
+                                                                           "body, same job.")] = None,
+                 scope: str = Depends(api_scope), db: Session = Depends(get_db),
+                 settings: Settings = Depends(get_settings)) -> dict:
+    # The one route on the event loop here, and only for the Idempotency-Key slot (no database): a duplicate
+    # of a request still being created is a 409 at once; the creation itself runs in the thread pool.
+    with service.idempotency_slot(scope, idempotency_key):
+        job, replayed, out = await run_in_threadpool(_submit, db, body, settings, scope, idempotency_key)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
@@ -82,7 +90,12 @@ def submit(request: Request, response: Response,
         wake = getattr(request.app.state, "wake", None)
         if wake is not None:
             wake()
-    return _out(db, job)
+    return out
+
+
+def _submit(db: Session, body: JobCreate, settings: Settings, scope: str, idempotency_key: str | None):
+    job, replayed = service.create_in_slot(db, body, settings, scope, idempotency_key)
+    return job, replayed, _out(db, job)
 
 
 @router.get("", response_model=JobPage, summary="List jobs", description="Newest first.",
@@ -99,14 +112,14 @@ def list_jobs(status: Annotated[Status | None, Query(description="Only jobs in t
 
 @router.get("/{job_id}", response_model=JobOut, summary="One job: status, progress, best config, inputs",
             responses=NOT_FOUND)
-async def get_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
+def get_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
     return _out(db, service.get(db, job_id, owner=scope))
 
 
 @router.get("/{job_id}/configs", response_model=ConfigPage, summary="The job's ranked configs",
             description="Rank 1 first (or sorted by `sort`), each with its full evaluation. Empty until the job "
                         "has succeeded.", responses={**NOT_FOUND, **QUERY_ERRORS})
-async def get_configs(job_id: JobId,
+def get_configs(job_id: JobId,
                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 50,
                 offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
                 sort: Annotated[Literal["rank", "tokens_per_s", "mfu", "peak_gib"],
@@ -130,7 +143,7 @@ async def get_configs(job_id: JobId,
                         "`top_k`), its full evaluation, how many variants of the layout fit (`variants`) and whether "
                         "it keeps the memory margin. Empty until the job has succeeded, and for jobs from before "
                         "layouts were recorded.", responses={**NOT_FOUND, **QUERY_ERRORS})
-async def get_layouts(job_id: JobId,
+def get_layouts(job_id: JobId,
                       limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 50,
                       offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
                       scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
