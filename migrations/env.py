@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import pool
 
-from app.service.db.engine import engine_kwargs, tune_sqlite
+from app.service.db.engine import connect_args, tune_sqlite
 from app.service.db.migrate import VERSION_TABLE, include_object
 from app.service.db.models import Base
 
@@ -52,7 +52,7 @@ def run_migrations_online() -> None:
     from sqlalchemy import create_engine
 
     url = _url()
-    engine = tune_sqlite(create_engine(url, poolclass=pool.NullPool, **engine_kwargs(url)))
+    engine = tune_sqlite(create_engine(url, poolclass=pool.NullPool, connect_args=connect_args(url)))
     with engine.connect() as connection:
         if connection.dialect.name == "sqlite":
             # Batch mode rebuilds a table by DROP + RENAME; with foreign keys on, SQLite's DROP deletes the

@@ -102,3 +102,165 @@ async def _burst(server: Server, tmp_path) -> None:
     (tmp_path / "burst.json").write_text(json.dumps(report))
     print("burst:", report)
     assert "QueuePool limit" not in server.log() and "Traceback" not in server.log()
+
+
+# ------------------------------------------------------------------------------------------------
+# database errors: 503 with Retry-After on a kept connection; liveness apart from readiness
+
+
+def keep_alive_pair(port: int, first: str, second: str) -> list[tuple[int, dict, dict]]:
+    """Two GETs on one keep-alive connection; each (status, headers, JSON body). A server that closed the
+    connection after the first answer fails the second with a ConnectionError or an empty read."""
+    import socket
+
+    answers = []
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        stream = sock.makefile("rb")
+        for path in (first, second):
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            status_line = stream.readline()
+            assert status_line, f"the server closed the connection before answering {path}"
+            fields = {}
+            while (line := stream.readline()) not in (b"\r\n", b""):
+                k, _, v = line.decode("latin-1").partition(":")
+                fields[k.strip().lower()] = v.strip()
+            body = stream.read(int(fields["content-length"]))
+            answers.append((int(status_line.split()[1]), fields, json.loads(body)))
+    return answers
+
+
+def _set_connections(admin_url: str, database: str, allow: bool) -> None:
+    """Let nobody connect to ``database`` and end its sessions (an outage of that database), or let
+    connections in again."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {"true" if allow else "false"}'))
+        if not allow:
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"),
+                         {"d": database})
+    engine.dispose()
+
+
+EVALUATE = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 8,
+            "config": {"tp": 2, "pp": 1, "ep": 2, "micro_batch_size": 1, "global_batch_size": 64}}
+
+
+@pytest.mark.postgres
+def test_database_outage_is_503_with_retry_after_on_a_kept_connection(postgres_url, tmp_path):
+    """PostgreSQL refuses the service's database: job routes answer 503 with Retry-After and a JSON body
+    on the same keep-alive connection; /healthz stays 200, /readyz is 503 not ready, /v1/evaluate works
+    (it never touches the database). Connections let in again: ready, and the routes answer 200."""
+    import os
+
+    import httpx
+    from sqlalchemy.engine import make_url
+
+    server = Server(postgres_url, tmp_path / "server.log", "--no-worker",
+                    env={"PARAPLAN_DB_CONNECT_TIMEOUT_S": "2", "PARAPLAN_READY_TIMEOUT_S": "2"}).start()
+    admin, database = os.environ["PARAPLAN_TEST_POSTGRES_URL"], make_url(postgres_url).database
+    try:
+        with server.client() as c:
+            job = c.post("/v1/jobs", json=TINY_JOB).raise_for_status().json()
+            assert c.get("/readyz").json()["status"] == "ready"
+        _set_connections(admin, database, allow=False)
+        try:
+            started = time.monotonic()
+            answers = keep_alive_pair(server.port, f"/v1/jobs/{job['id']}", "/v1/jobs")
+            for status, fields, body in answers:
+                assert status == 503 and fields["retry-after"] == "5", (status, body)
+                assert body["detail"][0]["type"] == "database_unavailable"
+                assert fields.get("connection", "").lower() != "close"
+            with server.client() as c:
+                live = c.get("/healthz")
+                assert live.status_code == 200 and live.json()["status"] == "ok"
+                ready = c.get("/readyz")
+                assert ready.status_code == 503 and ready.json()["status"] == "not ready", ready.text
+                assert ready.headers["retry-after"]
+                assert c.post("/v1/evaluate", json=EVALUATE).status_code == 200
+                assert c.delete(f"/v1/jobs/{job['id']}").status_code == 503
+            outage_s = time.monotonic() - started
+        finally:
+            _set_connections(admin, database, allow=True)
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            assert c.get("/readyz").status_code == 200
+            assert c.get(f"/v1/jobs/{job['id']}").json()["id"] == job["id"]
+        assert outage_s < 20, outage_s
+        log = server.log()
+        assert "Exception in ASGI application" not in log and "database unavailable" in log
+    finally:
+        server.stop()
+
+
+@pytest.mark.postgres
+def test_a_locked_table_times_out_as_503_while_liveness_and_evaluate_answer(postgres_url, tmp_path):
+    """A database that does not answer (here: the jobs table locked by another session): a job read is a
+    503 after the statement timeout, not a hang, and /healthz and /v1/evaluate answer meanwhile."""
+    import concurrent.futures
+
+    import httpx
+    from sqlalchemy import create_engine, text
+
+    server = Server(postgres_url, tmp_path / "server.log", "--no-worker",
+                    env={"PARAPLAN_DB_STATEMENT_TIMEOUT_S": "2"}).start()
+    locker = create_engine(postgres_url)
+    try:
+        with server.client() as c:
+            c.post("/v1/jobs", json=TINY_JOB).raise_for_status()
+        with locker.connect() as conn:
+            conn.execute(text("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE"))
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                started = time.monotonic()
+                reads = [pool.submit(httpx.get, f"{server.url}/v1/jobs", timeout=30) for _ in range(4)]
+                time.sleep(0.3)
+                quick = []
+                for path, call in (("/healthz", lambda: httpx.get(f"{server.url}/healthz", timeout=5)),
+                                   ("/v1/evaluate", lambda: httpx.post(f"{server.url}/v1/evaluate", json=EVALUATE,
+                                                                       timeout=5))):
+                    t = time.monotonic()
+                    assert call().status_code == 200, path
+                    quick.append(time.monotonic() - t)
+                statuses = [f.result().status_code for f in reads]
+                waited = time.monotonic() - started
+            conn.rollback()
+        assert statuses == [503] * 4, statuses
+        assert 1.5 < waited < 10, waited
+        assert max(quick) < 1.0, quick
+    finally:
+        locker.dispose()
+        server.stop()
+
+
+def test_database_errors_are_503_not_500(tmp_path, monkeypatch):
+    """In-process: an OperationalError, a pool timeout or Optuna's storage error under a route is a 503
+    with Retry-After and the JSON error shape; a constraint error (a bug) stays a JSON 500."""
+    import optuna
+    from fastapi.testclient import TestClient
+    from sqlalchemy.exc import IntegrityError, OperationalError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    from app.service.core.config import Settings
+    from app.service.main import create_app
+    from app.service.services import jobs as service
+
+    errors = [OperationalError("SELECT 1", {}, Exception("database or disk is full")),
+              PoolTimeout("QueuePool limit of size 21 overflow 0 reached"),
+              optuna.exceptions.StorageInternalError("lost")]
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}"))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        for exc in errors:
+            def fail(*_a, exc=exc, **_k):
+                raise exc
+            monkeypatch.setattr(service, "list_jobs", fail)
+            r = c.get("/v1/jobs")
+            assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+            assert r.json()["detail"][0]["type"] == "database_unavailable"
+
+        def bug(*_a, **_k):
+            raise IntegrityError("INSERT", {}, Exception("UNIQUE constraint failed"))
+        monkeypatch.setattr(service, "list_jobs", bug)
+        r = c.get("/v1/jobs")
+        assert r.status_code == 500 and r.json()["detail"][0]["type"] == "internal"
+        assert c.get("/readyz").json() == {"status": "ready", "database": "ok", "version": r.headers.get(
+            "x-paraplan-version", c.get("/healthz").json()["version"])}

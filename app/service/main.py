@@ -24,6 +24,8 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import MutableHeaders
+from sqlalchemy.exc import DBAPIError, DisconnectionError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.service.core.config import Settings, get_settings
@@ -36,6 +38,9 @@ log = logging.getLogger("paraplan.api")
 http_log = logging.getLogger("paraplan.http")
 SWAGGER_ASSETS = resources.files("fastapi_offline") / "static"
 WORKER_JOIN_S = 8.0
+DB_RETRY_AFTER_S = 5
+# DBAPI errors that are bugs (a constraint or SQL the code got wrong), not the database being away: 500.
+DB_BUG_ERRORS = ("IntegrityError", "ProgrammingError", "DataError", "NotSupportedError")
 
 DESCRIPTION = """
 Plan the parallel layout of a large-model training run before spending a card-hour.
@@ -56,7 +61,7 @@ TAGS = [
     {"name": "jobs", "description": "Search jobs: `queued → running → succeeded | failed | cancelled`."},
     {"name": "evaluate", "description": "Score one training config at once."},
     {"name": "catalog", "description": "Shipped model presets and cluster profiles."},
-    {"name": "service", "description": "Health and metrics."},
+    {"name": "service", "description": "Liveness (`/healthz`), readiness (`/readyz`) and metrics."},
 ]
 
 
@@ -172,6 +177,15 @@ def log_auth_state(settings: Settings) -> None:
                     "reach it")
 
 
+def _optuna_storage_errors() -> tuple[type, ...]:
+    """Optuna's wrapper of a database error (deleting a job's study), when Optuna is importable."""
+    try:
+        import optuna
+    except ImportError:  # pragma: no cover - a dependency
+        return ()
+    return (optuna.exceptions.StorageInternalError,)
+
+
 def create_app(settings: Settings | None = None, *, run_worker: bool = False, migrate: bool = True) -> FastAPI:
     settings = settings or get_settings()
 
@@ -190,7 +204,12 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
             worker = Worker(settings)
             app.state.worker = worker
             app.state.wake = worker.wake.set
-            worker_thread = start_thread(worker)
+            worker_thread = app.state.worker_thread = start_thread(worker)
+        # The threads that run the blocking routes: as many as the pool has connections for (issue 19: more
+        # threads than connections made requests wait for the pool, and time out as 500s).
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
         yield
         if worker_thread is not None:
             app.state.worker.stop()
@@ -201,6 +220,7 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
     app.state.settings = settings
     app.state.sessions = get_sessionmaker(settings.database_url)
     app.state.worker = None
+    app.state.worker_thread = None
     app.state.wake = None
     app.state.metrics = Metrics(app.state.sessions)
 
@@ -234,6 +254,27 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
             return JSONResponse(status_code=422, content={"detail": [{
                 "loc": ["body"], "msg": "the body is not JSON (not UTF-8 text)", "type": "json_invalid"}]})
         return await http_exception_handler(request, exc)
+
+    async def database_error(request: Request, exc: Exception) -> JSONResponse:
+        """The database is away, frozen, full or out of connections: 503 with Retry-After and a JSON body,
+        on a keep-alive connection (a handler for these classes answers without re-raising, unlike the
+        catch-all below, after which uvicorn closes the connection)."""
+        info = current_request.get()
+        headers = {"X-Request-ID": info.request_id} if info is not None else {}
+        first = str(getattr(exc, "orig", None) or exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        if type(exc).__name__ in DB_BUG_ERRORS:
+            log.error("database error on %s %s", request.method, printable(request.url.path), exc_info=exc)
+            return JSONResponse(status_code=500, headers=headers, content={"detail": [{
+                "loc": [], "msg": "internal error; see the server log", "type": "internal"}]})
+        log.warning("database unavailable on %s %s: %s: %s", request.method, printable(request.url.path),
+                    type(exc).__name__, first)
+        return JSONResponse(status_code=503, headers={**headers, "Retry-After": str(DB_RETRY_AFTER_S)},
+                            content={"detail": [{"loc": [], "msg": "the database is unavailable "
+                                                 f"({type(exc).__name__}); retry in {DB_RETRY_AFTER_S} s",
+                                                 "type": "database_unavailable"}]})
+
+    for cls in (DBAPIError, PoolTimeout, DisconnectionError, *_optuna_storage_errors()):
+        app.add_exception_handler(cls, database_error)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -36,6 +36,21 @@ class Settings(BaseSettings):
                                                          "POST /v1/jobs is 429 (one shared count when the "
                                                          "server has no keys).")
 
+    # Database: timeouts and pool (issue 19). A database that is away or frozen answers 503 within these bounds
+    # instead of holding requests; the pool has a connection for every thread that uses one at once.
+    db_connect_timeout_s: int = Field(5, ge=1, le=300, description="Seconds to open a database connection "
+                                                                   "(PostgreSQL connect_timeout).")
+    db_statement_timeout_s: float = Field(30.0, gt=0, le=3600, description="Longest statement (PostgreSQL "
+                                                                           "statement_timeout).")
+    db_busy_timeout_s: float = Field(30.0, gt=0, le=3600, description="SQLite: how long a writer waits for "
+                                                                      "the file's write lock.")
+    db_pool_timeout_s: float = Field(10.0, gt=0, le=300, description="Longest wait for a free pooled "
+                                                                     "connection.")
+    api_threads: int = Field(16, ge=1, le=256, description="Threads that serve the API's blocking routes; the "
+                                                           "connection pool holds this many plus the worker's.")
+    ready_timeout_s: float = Field(2.0, gt=0, le=60, description="/readyz answers not ready when the database "
+                                                                 "does not answer `SELECT 1` within this.")
+
     # Worker.
     lease_s: float = Field(15.0, gt=1, description="A worker's lease on a running job, renewed every half second; "
                                                    "when a worker dies another takes the job this long after.")
@@ -47,6 +62,12 @@ class Settings(BaseSettings):
     progress_s: float = Field(1.0, gt=0, description="How often a running job's progress is written.")
     max_attempts: int = Field(3, ge=1, description="Lost leases (its workers died) after which a job fails.")
     embedded_worker: bool = Field(True, description="`paraplan serve` runs a worker thread beside the API.")
+
+    @property
+    def pool_size(self) -> int:
+        """Connections in the service engine's pool: one per API thread, one for the routes on the event
+        loop, and four for the embedded worker (its loop, the lease heartbeat, the metrics, a spare)."""
+        return self.api_threads + 5
 
     @property
     def api_key_list(self) -> list[str]:

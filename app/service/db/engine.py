@@ -4,6 +4,13 @@
 SQLite (the default) runs in WAL mode with ``synchronous=NORMAL``: readers never wait for the worker's
 writes, and a commit does not wait for a disk flush (a crash loses at most the last commits, never the
 file). The worker, the API threads and Optuna's storage share one file.
+
+Every engine has bounded waits (issue 19), from the settings (``app/service/core/config.py``): a
+connect timeout and a statement timeout on PostgreSQL (libpq's ``connect_timeout``, the server's
+``statement_timeout``, TCP keepalives so a vanished server is noticed), SQLite's busy timeout, and a
+pool as large as the threads that use it (``Settings.pool_size``) with a bounded wait for a connection.
+A database that is away or frozen turns into a SQLAlchemy error within those bounds, which the API
+answers with 503 (``app/service/main.py``).
 """
 
 from __future__ import annotations
@@ -15,9 +22,9 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.service.core.config import get_settings
+from app.service.core.config import Settings, get_settings
 
-SQLITE_BUSY_TIMEOUT_S = 30
+LIBPQ_DRIVERS = ("psycopg", "psycopg2")
 
 
 def is_sqlite(url: str) -> bool:
@@ -57,10 +64,30 @@ def tune_sqlite(engine: Engine) -> Engine:
     return engine
 
 
-def engine_kwargs(url: str) -> dict:
+def connect_args(url: str, settings: Settings | None = None) -> dict:
+    """The driver's connect arguments that bound every wait: SQLite's busy timeout; on PostgreSQL
+    (libpq drivers) the connect timeout, the statement timeout and TCP keepalives."""
+    s = settings or get_settings()
     if is_sqlite(url):
-        return {"connect_args": {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}}
-    return {"pool_pre_ping": True}
+        return {"check_same_thread": False, "timeout": s.db_busy_timeout_s}
+    if make_url(url).get_driver_name() in LIBPQ_DRIVERS:
+        return {"connect_timeout": s.db_connect_timeout_s,
+                "options": f"-c statement_timeout={int(s.db_statement_timeout_s * 1000)}",
+                "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+    return {}
+
+
+def engine_kwargs(url: str, settings: Settings | None = None) -> dict:
+    """``create_engine`` arguments: bounded connect/statement/busy waits and the pool (``pool_size``
+    connections, no overflow beyond them, a bounded wait for one)."""
+    s = settings or get_settings()
+    kwargs = {"connect_args": connect_args(url, s), "pool_size": s.pool_size, "max_overflow": 0,
+              "pool_timeout": s.db_pool_timeout_s}
+    if make_url(url).database in (None, "", ":memory:") and is_sqlite(url):
+        return {"connect_args": kwargs["connect_args"]}  # in-memory SQLite: a singleton pool, no sizes
+    if not is_sqlite(url):
+        kwargs["pool_pre_ping"] = True
+    return kwargs
 
 
 @lru_cache(maxsize=8)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from app.service.db.engine import engine_kwargs, is_sqlite, tune_sqlite
+from app.service.db.engine import connect_args, is_sqlite, tune_sqlite
 
 
 def study_name(job_id: str) -> str:
@@ -23,7 +23,8 @@ def optuna_storage(url: str, heartbeat_s: int | None = None, grace_s: int | None
     after ``grace_s`` s and run again (``search.storages.open_rdb_storage``)."""
     from search.storages import open_rdb_storage
 
-    kwargs = engine_kwargs(url) if is_sqlite(url) else {"pool_pre_ping": True}
+    # The service's bounded waits (connect, statement and busy timeouts); Optuna keeps its own pool.
+    kwargs = {"connect_args": connect_args(url), **({} if is_sqlite(url) else {"pool_pre_ping": True})}
     storage = open_rdb_storage(url, heartbeat_s, grace_s, engine_kwargs=kwargs)
     tune_sqlite(storage.engine)
     return storage
