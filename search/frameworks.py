@@ -81,6 +81,9 @@ FIELDS = {
     "account_for_embedding_in_pipeline_split": "pipeline_split", "account_for_loss_in_pipeline_split": "pipeline_split",
     "pipeline_layout": "pipeline_split", "precision": "--fp8-format (express)", "moe_a2a_overlap": "_moe",
     "moe_load_imbalance": "no flag: a modelling input (the router's balance), not a launch setting",
+    "moe_expert_load": "no flag: a modelling input (the router's per-expert shares, costmodel/routing.py)",
+    "moe_expert_skew": "no flag: a modelling input (the router's skew, costmodel/routing.py)",
+    "expert_placement": "express: contiguous is both frameworks' own; balanced is refused (no placement flag)",
     "moe_a2a_algorithm": "_moe", "cp_comm_type": "_context_parallel", "main_grads_dtype": "_optimizer_dtypes",
     "main_params_dtype": "_optimizer_dtypes", "exp_avg_dtype": "_optimizer_dtypes",
     "exp_avg_sq_dtype": "_optimizer_dtypes", "data_parallel_sharding_strategy": "_sharding",
@@ -178,12 +181,14 @@ class Expression:
 
 
 def express(config: TrainingConfig, spec: ModelSpec, framework: str,
-            scale_up_domain: int | None = None) -> Expression:
+            scale_up_domain: int | None = None, split_rules: bool = True) -> Expression:
     """The flags of ``config`` in ``framework`` and the refusals of what it cannot express.
 
     ``scale_up_domain`` (devices per scale-up domain, from the cluster profile) decides whether the
     expert-parallel group leaves the domain (then the dispatch algorithm matters) and the Ulysses degree
     of ``cp_comm_type=a2a+p2p``; unknown, the choices that depend on it are refused rather than guessed.
+    ``split_rules=False`` leaves out the all-to-all overlap's pipeline rules (``_a2a_overlap_pipeline``),
+    for the search's probes at pp = 1, which score those per split (``split_refusals``).
     """
     if framework not in FRAMEWORKS:
         raise ValueError(f"unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}")
@@ -195,7 +200,13 @@ def express(config: TrainingConfig, spec: ModelSpec, framework: str,
     out.add("tp_overlap", *_tp_overlap(config, ms))
     out.add("context_parallel", *_context_parallel(config, spec, ms, scale_up_domain))
     out.add("moe", *_moe(config, spec, ms, scale_up_domain))
-    out.refusals += _a2a_overlap_pipeline(config, spec, ms)
+    if split_rules:
+        out.refusals += _a2a_overlap_pipeline(config, spec, ms)
+    if config.expert_placement == "balanced":
+        # Megatron-Core places local experts contiguously (expert e on EP rank e // (E / ep)); neither it nor
+        # MindSpeed-LLM has a flag that permutes experts over ranks at launch.
+        out.refusals.append(Refusal("expert_placement", "balanced", "no launch flag places experts by load "
+                                                                    "(both frameworks place them contiguously)"))
     out.add("precision", _fp8(config, ms))
     return out
 
@@ -221,9 +232,9 @@ def _fp8(cfg: TrainingConfig, ms: bool) -> list[str]:
 
 
 def refusals(config: TrainingConfig, spec: ModelSpec, framework: str,
-             scale_up_domain: int | None = None) -> list[Refusal]:
+             scale_up_domain: int | None = None, split_rules: bool = True) -> list[Refusal]:
     """What ``framework`` cannot express of ``config`` (empty: a launch carries the plan out)."""
-    return express(config, spec, framework, scale_up_domain).refusals
+    return express(config, spec, framework, scale_up_domain, split_rules).refusals
 
 
 # ---- pipeline split -------------------------------------------------------------------------------
@@ -665,17 +676,25 @@ def _a2a_overlap(cfg: TrainingConfig, spec: ModelSpec, ms: bool) -> tuple[str, l
 
 def _a2a_overlap_pipeline(cfg: TrainingConfig, spec: ModelSpec, ms: bool) -> list[Refusal]:
     """HEAD transformer_config.py: with pp > 1 Megatron's EP all-to-all overlap needs
-    virtual_pipeline_model_parallel_size set, which Megatron clears for vpp = 1 (arguments.py)."""
-    if ms or not (spec.is_moe and cfg.moe_a2a_overlap and cfg.pp > 1 and cfg.vpp == 1):
+    virtual_pipeline_model_parallel_size set, which Megatron clears for vpp = 1 (arguments.py); and the
+    released core_v0.16.1 (the megatron-core wheel, tests/test_megatron_validate.py) asserts "Pipeline
+    model parallel size must be larger than 1 when enabling overlap_moe_expert_parallel_comm with MTP layer"."""
+    if ms or not (spec.is_moe and cfg.moe_a2a_overlap):
         return []
-    return [Refusal("moe_a2a_overlap", True, "Megatron-LM's EP all-to-all overlap needs the interleaved "
-                                             "schedule (vpp > 1) when pp > 1")]
+    if cfg.pp > 1 and cfg.vpp == 1:
+        return [Refusal("moe_a2a_overlap", True, "Megatron-LM's EP all-to-all overlap needs the interleaved "
+                                                 "schedule (vpp > 1) when pp > 1")]
+    if cfg.pp == 1 and spec.mtp_num_layers:
+        return [Refusal("moe_a2a_overlap", True, "Megatron-LM's EP all-to-all overlap with an MTP layer needs "
+                                                 "pp > 1 (core_v0.16.1)")]
+    return []
 
 
 def split_refusals(config: TrainingConfig, spec: ModelSpec, framework: str) -> list[Refusal]:
     """The refusals that depend on the pipeline split (pp, vpp, split fields): the full-recompute count and
     the all-to-all overlap's schedule. Every other rule reads tp, cp, ep, etp, sequence parallelism and
-    the options only, and none of them fires at pp = 1: the search scores them apart (search/space.py)."""
+    the options only (the search probes them at pp = 1 with ``split_rules=False``) and scores these apart
+    (search/space.py)."""
     ms = framework == "mindspeed"
     out = _a2a_overlap_pipeline(config, spec, ms)
     if config.recompute == "full":

@@ -271,13 +271,13 @@ class SearchSpace:
     def _options_row(self, tp: int, ep: int, etp: int) -> np.ndarray:
         return np.array([not frameworks.refusals(self._probe(tp=tp, ep=ep, etp=etp, moe_a2a_algorithm="flat",
                                                              **self._option_fields(o)),
-                                                 self.spec, self.framework, self._domain())
+                                                 self.spec, self.framework, self._domain(), split_rules=False)
                          for o in range(len(self.options))])
 
     def _layout_row(self, tp: int, cp: int, ep: int, etp: int, hierarchical: int, cp_comm: int) -> bool:
         cfg = self._probe(tp=tp, cp=cp, ep=ep, etp=etp, moe_a2a_algorithm="hierarchical" if hierarchical else "flat",
                           cp_comm_type=CP_COMM_NAMES[cp_comm])
-        return not frameworks.refusals(cfg, self.spec, self.framework, self._domain())
+        return not frameworks.refusals(cfg, self.spec, self.framework, self._domain(), split_rules=False)
 
     def layout_index(self, layout: str) -> int:
         """The index of a ``pipeline_layout`` string in ``layouts`` (added if new)."""
