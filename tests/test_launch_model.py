@@ -17,6 +17,7 @@ rules of validate_args this export must meet are listed in ``megatron_rules``.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 
 import pytest
@@ -261,17 +262,25 @@ def test_every_preset_has_a_run():
     assert sorted(RUNS) == names()
 
 
-@pytest.mark.parametrize("fmt", ["megatron", "mindspeed"])
-@pytest.mark.parametrize("preset", sorted(RUNS))
-def test_best_config_of_each_preset_builds_the_preset(preset, fmt):
+@functools.lru_cache(maxsize=None)
+def top_configs(preset: str, fmt: str) -> tuple[dict, ...]:
+    """The feasible configs among the top 3 of a search of ``preset`` planned for ``fmt`` (RUNS; also
+    read by tests/test_megatron_validate.py)."""
     cluster, devices, gbs = RUNS[preset]
     spec, profile = load_model(preset), load_cluster(cluster)
     result = run_search(SearchRequest(spec=spec, profile=profile, devices=devices, global_batch_size=gbs,
                                       sampler="tpe", n_trials=40, seed=7, top_k=3, framework=fmt))
-    entries = [e for e in result["top"] if e["evaluation"]["feasible"]]
-    assert entries, f"no feasible config of {preset} on {devices} {cluster}"
-    for e in entries:
-        check(spec, e["config"], fmt, int(profile.fact("scale_up_domain")))
+    return tuple(e["config"] for e in result["top"] if e["evaluation"]["feasible"])
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "mindspeed"])
+@pytest.mark.parametrize("preset", sorted(RUNS))
+def test_best_config_of_each_preset_builds_the_preset(preset, fmt):
+    configs = top_configs(preset, fmt)
+    assert configs, f"no feasible config of {preset} on {RUNS[preset]}"
+    profile = load_cluster(RUNS[preset][0])
+    for cfg in configs:
+        check(load_model(preset), cfg, fmt, int(profile.fact("scale_up_domain")))
 
 
 # ---- one config of each pipeline-split kind --------------------------------------------------------
