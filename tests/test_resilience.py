@@ -264,3 +264,55 @@ def test_database_errors_are_503_not_500(tmp_path, monkeypatch):
         assert r.status_code == 500 and r.json()["detail"][0]["type"] == "internal"
         assert c.get("/readyz").json() == {"status": "ready", "database": "ok", "version": r.headers.get(
             "x-paraplan-version", c.get("/healthz").json()["version"])}
+
+
+# ------------------------------------------------------------------------------------------------
+# DELETE of a running job
+
+
+def test_delete_of_a_running_job_stops_its_workers_and_leaves_no_study(database_url, tmp_path):
+    """A sampler job running on two workers (the server's and a separate one) is deleted: 204 once its
+    workers have stopped, and its Optuna study is gone from the storage (no study, no trials), the job
+    404; both workers go on serving (a later job succeeds)."""
+    import optuna
+    from sqlalchemy import create_engine, text
+
+    from service_util import WorkerProcess, wait_for
+
+    job_body = {"model": "pangu-ultra-moe-718b", "cluster": "ascend-910b", "devices": 6144,
+                "global_batch_size": 7680, "search": {"sampler": "tpe", "n_trials": 5000, "seed": 3,
+                                                      "parallel_workers": 2}}
+    server = Server(database_url, tmp_path / "server.log").start()
+    worker = WorkerProcess(database_url, tmp_path / "worker.log").wait_started()
+    try:
+        with server.client() as c:
+            job = c.post("/v1/jobs", json=job_body).raise_for_status().json()
+            wait_for(c, job["id"], until=lambda j: j["status"] == "running" and j["progress"]["trials_done"] >= 20,
+                     timeout=120)
+            name = f"paraplan-job-{job['id']}"
+            storage = optuna.storages.RDBStorage(database_url)
+            assert name in optuna.get_all_study_names(storage)
+            started = time.monotonic()
+            r = c.delete(f"/v1/jobs/{job['id']}")
+            took = time.monotonic() - started
+            assert r.status_code == 204, r.text
+            assert c.get(f"/v1/jobs/{job['id']}").status_code == 404
+            assert name not in optuna.get_all_study_names(optuna.storages.RDBStorage(database_url))
+            engine = create_engine(database_url)
+            with engine.connect() as conn:
+                assert conn.execute(text("SELECT count(*) FROM studies WHERE study_name = :n"), {"n": name}).scalar() == 0
+                assert conn.execute(text("SELECT count(*) FROM trials WHERE study_id NOT IN "
+                                         "(SELECT study_id FROM studies)")).scalar() == 0
+                assert conn.execute(text("SELECT count(*) FROM job_leases")).scalar() == 0
+            engine.dispose()
+            time.sleep(1.5)  # the workers' next beats, trials and Optuna heartbeats: nothing recreates it
+            assert name not in optuna.get_all_study_names(optuna.storages.RDBStorage(database_url))
+            after = c.post("/v1/jobs", json=TINY_JOB).raise_for_status().json()
+            assert wait_for(c, after["id"], timeout=60)["status"] == "succeeded"
+        assert took < 15, took
+        print(f"delete of a running job: 204 after {took:.2f} s")
+        for log in (server.log(), worker.log()):
+            assert "Traceback" not in log, log[-3000:]
+    finally:
+        worker.stop()
+        server.stop()

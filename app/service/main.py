@@ -273,7 +273,9 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
                                                  f"({type(exc).__name__}); retry in {DB_RETRY_AFTER_S} s",
                                                  "type": "database_unavailable"}]})
 
-    for cls in (DBAPIError, PoolTimeout, DisconnectionError, *_optuna_storage_errors()):
+    from app.service.services.jobs import StudyNotDeleted
+
+    for cls in (DBAPIError, PoolTimeout, DisconnectionError, StudyNotDeleted, *_optuna_storage_errors()):
         app.add_exception_handler(cls, database_error)
 
     @app.exception_handler(Exception)

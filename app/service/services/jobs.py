@@ -321,17 +321,54 @@ def cancel(db: Session, job: Job) -> Job:
     return job
 
 
-def remove(db: Session, job: Job, storage_url: str) -> None:
-    cancel(db, job)
+STOP_POLL_S = 0.1
+
+
+def remove(db: Session, job: Job, storage_url: str, stop_within_s: float = 15.0) -> None:
+    """Delete a job (issue 19: a running job's study used to survive its DELETE): stop its workers
+    first (the job becomes ``cancelled``, its workers see that at their next beat and drop their leases;
+    wait until no live lease is left, at most ``stop_within_s`` s, after which any lease left would have
+    run out anyway), then delete its Optuna study and check that it is gone, then its rows. A study that
+    cannot be deleted raises (503 through the API's handler for database errors) and leaves the job
+    ``cancelled``, so a retried DELETE finishes the work."""
+    now = utcnow()
+    db.execute(update(Job).where(Job.id == job.id, Job.status.in_(("queued", "running")))
+               .values(status="cancelled", cancel_requested=True, finished_at=now, updated_at=now))
+    db.commit()
+    waited = _wait_leases_released(db, job.id, stop_within_s)
+    delete_study(storage_url, study_name(job.id))
+    db.execute(delete(JobLease).where(JobLease.job_id == job.id))
     db.execute(delete(JobConfig).where(JobConfig.job_id == job.id))
     db.execute(delete(Job).where(Job.id == job.id))
     db.commit()
-    delete_study(storage_url, study_name(job.id))
-    log.info("job %s deleted", job.id, extra={"job_id": job.id})
+    log.info("job %s deleted (workers stopped after %.1f s)", job.id, waited, extra={"job_id": job.id})
+
+
+def _wait_leases_released(db: Session, job_id: str, within_s: float) -> float:
+    """Seconds until ``job_id`` had no live lease (its workers stopped), at most ``within_s``. Each look is
+    its own short transaction, so no connection or snapshot is held while waiting."""
+    started = time.monotonic()
+    while True:
+        live = db.scalar(select(func.count()).select_from(JobLease).where(
+            JobLease.job_id == job_id, JobLease.expires_at > utcnow()))
+        db.commit()
+        waited = time.monotonic() - started
+        if not live:
+            return waited
+        if waited >= within_s:
+            log.warning("job %s: %d worker(s) still hold a lease after %.0f s; deleting anyway", job_id, live,
+                        waited, extra={"job_id": job_id})
+            return waited
+        time.sleep(STOP_POLL_S)
+
+
+class StudyNotDeleted(RuntimeError):
+    """Optuna's delete left the study in the storage."""
 
 
 def delete_study(storage_url: str, name: str) -> None:
-    """Drop a job's Optuna study if there is one (Optuna's tables exist only once a study was made)."""
+    """Drop a job's Optuna study if there is one (Optuna's tables exist only once a study was made), and
+    check that the deletion committed: the study's name is no longer in the storage."""
     from sqlalchemy import inspect
 
     from app.service.db.engine import get_engine
@@ -340,10 +377,26 @@ def delete_study(storage_url: str, name: str) -> None:
         return
     import optuna
 
-    try:
-        optuna.delete_study(study_name=name, storage=optuna_storage(storage_url))
-    except KeyError:
-        pass
+    storage = optuna_storage(storage_url)
+    for attempt in range(3):
+        try:
+            optuna.delete_study(study_name=name, storage=storage)
+        except KeyError:  # no such study (an exhaustive job, or deleted by the last attempt)
+            pass
+        except optuna.exceptions.StorageInternalError:  # e.g. a trial written meanwhile: try again
+            if attempt == 2:
+                raise
+        if name not in _study_names(storage):
+            return
+        time.sleep(STOP_POLL_S)
+    raise StudyNotDeleted(f"study {name} is still in the storage after 3 deletions")
+
+
+def _study_names(storage) -> set[str]:
+    """The study names in the storage as committed (read past Optuna's cache)."""
+    import optuna
+
+    return {s.study_name for s in optuna.study.get_all_study_summaries(storage, include_best_trial=False)}
 
 
 def to_out(job: Job, best: JobConfig | None) -> dict:

@@ -161,11 +161,15 @@ def cancel_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = Dep
 
 
 @router.delete("/{job_id}", status_code=204, response_class=Response, summary="Delete a job",
-               description="Cancels it if it runs, then deletes it, its ranked configs and its Optuna study.",
+               description="Cancels it if it runs and waits until its workers have stopped (at most the lease, "
+                           "`PARAPLAN_LEASE_S`), then deletes its Optuna study (checked gone), its ranked configs "
+                           "and it. 503 with `Retry-After` when the database fails meanwhile (the job stays "
+                           "`cancelled`; retry the DELETE).",
                responses=NOT_FOUND)
 def delete_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = Depends(get_db),
                settings: Settings = Depends(get_settings)) -> Response:
-    service.remove(db, service.get(db, job_id, owner=scope), settings.database_url)
+    service.remove(db, service.get(db, job_id, owner=scope), settings.database_url,
+                   stop_within_s=settings.lease_s)
     return Response(status_code=204)
 
 
