@@ -99,6 +99,11 @@ class ConfigBatch:
 
     @classmethod
     def from_configs(cls, configs: list[TrainingConfig]) -> "ConfigBatch":
+        unresolved = [c for c in configs if c.moe_load_imbalance is None
+                      and (c.moe_expert_load is not None or c.moe_expert_skew is not None)]
+        if unresolved:  # the imbalance follows from the routing and the model's experts
+            raise ValueError("configs with moe_expert_load/moe_expert_skew need costmodel.routing.resolved "
+                             "(the model's expert count) before batching")
         layouts: list[str] = []
         layout_ids = []
         for c in configs:

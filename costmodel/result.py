@@ -7,6 +7,7 @@ from importlib import metadata
 
 import numpy as np
 
+from . import routing
 from .batch import ConfigBatch
 from .evaluate import TIME_KEYS, BatchResult, evaluate_batch
 from .hardware import GIB
@@ -86,15 +87,23 @@ def result_dict(br: BatchResult, i: int, profile: ClusterProfile, warnings: list
 
 
 def evaluate(spec: ModelSpec, profile: ClusterProfile, devices: int, config: TrainingConfig) -> dict:
-    """Evaluate one config: the vectorised path with a batch of one, every stage kept."""
-    br = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs([config]), all_stages=True)
-    return result_dict(br, 0, profile, calibration_warnings(profile, spec, config, devices))
+    """Evaluate one config: the vectorised path with a batch of one, every stage kept. A config with a
+    routing distribution (``moe_expert_load`` / ``moe_expert_skew``) is scored with the imbalance its
+    expert placement gives, reported under ``moe_routing``; ValueError where it does not fit the model."""
+    return evaluate_many(spec, profile, devices, [config])[0]
 
 
 def evaluate_many(spec: ModelSpec, profile: ClusterProfile, devices: int,
                   configs: list[TrainingConfig]) -> list[dict]:
     if not configs:
         return []
-    br = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs(configs), all_stages=True)
-    return [result_dict(br, i, profile, calibration_warnings(profile, spec, c, devices))
-            for i, c in enumerate(configs)]
+    resolved = [routing.resolved(spec, c) for c in configs]
+    br = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs([c for c, _ in resolved]),
+                        all_stages=True)
+    out = []
+    for i, (c, report) in enumerate(resolved):
+        res = result_dict(br, i, profile, calibration_warnings(profile, spec, c, devices))
+        if report is not None:  # extends the contract: the imbalance the routing and placement give
+            res["moe_routing"] = report
+        out.append(res)
+    return out

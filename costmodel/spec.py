@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe", "shared_experts")
 
@@ -142,6 +143,13 @@ class ModelSpec(BaseModel):
         return [1 if i % k == 0 else 0 for i in range(self.num_layers)]  # Megatron-Core's int rule
 
 
+def _one_routing_statement(field: str, info: ValidationInfo) -> None:
+    """The imbalance follows from the routing: a config states one of the three, not two."""
+    given = [k for k in ("moe_load_imbalance", "moe_expert_load") if k != field and info.data.get(k) is not None]
+    if given:
+        raise ValueError(f"give {field} or {given[0]}, not both: the imbalance follows from the routing")
+
+
 class TrainingConfig(BaseModel):
     """One parallel/training configuration (what the search chooses)."""
 
@@ -172,6 +180,12 @@ class TrainingConfig(BaseModel):
     precision: Literal["bf16", "fp8"] = "bf16"
     moe_a2a_overlap: bool = False
     moe_load_imbalance: float | None = Field(default=None, ge=1.0, le=64.0)
+    # The router's expected per-expert token shares (any positive numbers, one per expert, normalised
+    # by their sum), or a Zipf skew of one parameter, and where experts sit on the EP ranks: the
+    # imbalance then follows from them (costmodel/routing.py) instead of being guessed.
+    moe_expert_load: list[float] | None = Field(default=None, min_length=1, max_length=4096)
+    moe_expert_skew: float | None = Field(default=None, ge=0.0, le=4.0)
+    expert_placement: Literal["contiguous", "balanced"] = "contiguous"
     # Expert-parallel dispatch across nodes: "hierarchical" sends a token once per destination node and
     # fans it out inside the node (DeepEP's normal kernels, Huawei's hierarchical all-to-all on Atlas
     # 800T A2); "flat" sends one copy per destination expert rank (Megatron's alltoall dispatcher).
@@ -191,6 +205,23 @@ class TrainingConfig(BaseModel):
     # None: "optim" with distributed_optimizer, else "no_shard" (ZeRO-1 / DDP). "optim_grads" is
     # ZeRO-2 (gradients reduce-scattered and kept sharded), "optim_grads_params" ZeRO-3 / FSDP.
     data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] | None = None
+
+    @field_validator("moe_expert_load")
+    @classmethod
+    def _positive_shares(cls, v: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        if v is None:
+            return v
+        if min(v) < 0 or not sum(v) > 0 or not all(math.isfinite(x) for x in v):
+            raise ValueError("shares must be finite, non-negative and not all zero")
+        _one_routing_statement("moe_expert_load", info)
+        return v
+
+    @field_validator("moe_expert_skew")
+    @classmethod
+    def _skew_alone(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is not None:
+            _one_routing_statement("moe_expert_skew", info)
+        return v
 
     @field_validator("recompute_modules")
     @classmethod

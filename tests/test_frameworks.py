@@ -60,7 +60,7 @@ ALTERNATIVES = {"tp": [1], "pp": [1], "vpp": [2], "cp": [1], "ep": [1], "etp": [
                                                     "shared_experts")]}
 # The field needs this around it to matter.
 CONTEXT = {"recompute_modules": {"recompute": "selective"}, "recompute_num_layers": {"recompute": "full"}}
-NO_FLAG = {"dp", "moe_load_imbalance"}  # FIELDS says why
+NO_FLAG = {"dp", "moe_load_imbalance", "moe_expert_load", "moe_expert_skew"}  # FIELDS says why
 SAME_AS_DEFAULT = {("sequence_parallel", True), ("data_parallel_sharding_strategy", "optim")}
 
 
@@ -105,6 +105,7 @@ def test_modelling_inputs_need_no_flag(mla):
         base = launch_args(BASE, mla, fw, DOMAIN)
         assert launch_args({**BASE, "moe_load_imbalance": 2.0}, mla, fw, DOMAIN) == base
         assert launch_args({**BASE, "dp": 3}, mla, fw, DOMAIN) == base
+        assert launch_args({**BASE, "moe_expert_skew": 1.0}, mla, fw, DOMAIN) == base
 
 
 # ---- what each framework can and cannot say ------------------------------------------------------

@@ -21,7 +21,8 @@ from search.margin import DEFAULT_MEMORY_MARGIN_GIB, margin_problem
 
 from app.formats.bounds import flag_problems
 from app.formats.describe import config_brief, layout_brief, margin_mark, variant_brief
-from app.formats.inputs import InputError, check_config_data, check_devices, load_cluster, load_config, load_model
+from app.formats.inputs import (InputError, check_config_data, check_config_for_model, check_devices, load_cluster,
+                                load_config, load_model)
 from app.formats.results import evaluate as evaluate_config
 from app.formats.validation import read_runs, score_runs
 
@@ -80,6 +81,10 @@ def _evaluation_tables(res: dict) -> None:
         out.print(f"  [red]{r['code']}[/red]: {r['message']}", highlight=False)
     for w in res["warnings"]:
         out.print(f"  [yellow]warning[/yellow]: {w}", highlight=False)
+    if (routing := res.get("moe_routing")) is not None:
+        out.print(f"  expert load max/mean per EP rank: {routing['imbalance']:.3f} with {routing['expert_placement']} "
+                  f"placement (contiguous {routing['imbalance_contiguous']:.3f}, balanced "
+                  f"{routing['imbalance_balanced']:.3f})", highlight=False)
     if res["step_time_s"] is None:
         return
     t = Table(title="time per step", title_justify="left")
@@ -116,6 +121,7 @@ def evaluate(model, cluster, devices, config, seq_length, as_json) -> None:
         spec = load_model(model, seq_length)
         profile = load_cluster(cluster)
         cfg = load_config(config)
+        check_config_for_model(spec, cfg)
         check_devices(devices)
     except InputError as exc:
         _fail(exc)
@@ -253,7 +259,7 @@ def _best_warnings(result: dict) -> None:
     """The best config's warnings (calibration coverage, extrapolation) under the table, as evaluate prints them."""
     best = result.get("best")
     for w in (best or {}).get("evaluation", {}).get("warnings", []):
-        out.print(f"  [yellow]warning[/yellow]: {w}", highlight=False)
+        out.print(f"  [yellow]warning[/yellow]: {w}", highlight=False, soft_wrap=False)  # wrapped to the terminal
 
 
 @main.command()

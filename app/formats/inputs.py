@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 import hardware_profiles
 import model_presets
-from costmodel import ClusterProfile, ModelSpec, TrainingConfig
+from costmodel import ClusterProfile, ModelSpec, TrainingConfig, routing
 
 from .bounds import MAX_DEVICES, SPEC_CAPS, config_problems, int_problem, layout_problem
 from .errors import InputError  # noqa: F401 - re-exported: callers catch app.formats.inputs.InputError
@@ -121,6 +121,12 @@ def load_config(config: str | dict) -> TrainingConfig:
     if isinstance(data, dict):
         check_config_data(data)
     return _validated(TrainingConfig, data, "config")
+
+
+def check_config_for_model(spec: ModelSpec, config: TrainingConfig, prefix: str = "config") -> None:
+    """What a config states about the model's experts fits the model (costmodel/routing.py)."""
+    if (problem := routing.routing_problem(spec, config)) is not None:
+        raise InputError(f"{prefix}.{problem[0]}", problem[1])
 
 
 def check_devices(devices: int) -> int:

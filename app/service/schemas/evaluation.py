@@ -70,6 +70,8 @@ class Evaluation(_Open):
     time: TimeBreakdown
     memory: MemoryBreakdown
     versions: Versions
+    # A config with moe_expert_load / moe_expert_skew adds "moe_routing" (docs/costmodel.md); like every
+    # field the cost model adds, it passes through (extra="allow") and is absent otherwise.
 
 
 KEEPS_MARGIN = Field(None, description="Whether the config's memory headroom is at least the job's "

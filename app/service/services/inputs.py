@@ -14,7 +14,7 @@ from functools import lru_cache
 import hardware_profiles
 import model_presets
 from app.formats.bounds import config_problems, layout_problem
-from app.formats.inputs import InputError, load_cluster, load_config, load_model
+from app.formats.inputs import InputError, check_config_for_model, load_cluster, load_config, load_model
 from costmodel import ClusterProfile, ModelSpec, TrainingConfig
 
 from .errors import field_loc, invalid
@@ -113,6 +113,14 @@ def resolve_config(value: dict) -> TrainingConfig:
     check_layout(value.get("pipeline_layout"), ["body", "config", "pipeline_layout"])
     try:
         return load_config(value)
+    except InputError as exc:
+        raise _from_input_error(exc) from None
+
+
+def check_config_for(spec: ModelSpec, config: TrainingConfig) -> None:
+    """What the config states about the model's experts fits the model (422 naming the field)."""
+    try:
+        check_config_for_model(spec, config)
     except InputError as exc:
         raise _from_input_error(exc) from None
 

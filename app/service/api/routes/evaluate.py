@@ -13,7 +13,8 @@ from app.service.schemas.common import AUTH_ERRORS, BODY_ERRORS
 from app.service.schemas.evaluate import EvaluateRequest
 from app.service.schemas.evaluation import Evaluation
 from app.service.services.errors import invalid
-from app.service.services.inputs import check_stages, resolve_cluster, resolve_config, resolve_model
+from app.service.services.inputs import (check_config_for, check_stages, resolve_cluster, resolve_config,
+                                         resolve_model)
 from app.formats.results import evaluate as evaluate_config
 
 router = APIRouter(prefix="/v1", tags=["evaluate"], dependencies=[Depends(api_scope)], responses=AUTH_ERRORS)
@@ -32,6 +33,7 @@ async def evaluate(body: EvaluateRequest, settings: Settings = Depends(get_setti
     profile = resolve_cluster(body.cluster)
     check_stages(spec, body.config.get("pp"), body.config.get("vpp"), ["body", "config"])
     cfg = resolve_config(body.config)
+    check_config_for(spec, cfg)
     # One config takes a few milliseconds: scored on the event loop, which is faster under load than a
     # thread hop. A deep pipeline (many virtual stages) costs more and goes to the thread pool.
     stages = cfg.pp * cfg.vpp

@@ -1,0 +1,113 @@
+"""Expert load from a routing distribution and its placement on EP ranks (issue 12 item 2)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+import hardware_profiles
+import model_presets
+from app.service.core.config import Settings
+from app.service.main import create_app
+from costmodel import TrainingConfig, evaluate
+from costmodel.routing import expert_shares, placement, rank_imbalance
+
+ROOT = Path(__file__).resolve().parents[1]
+SKEWED = json.loads((ROOT / "examples" / "pangu-ultra-moe-6144-skewed.json").read_text())
+
+
+def test_hand_worked_placement():
+    """8 experts with loads 4,3,2,1,1,1,1,1 on 2 EP ranks of 4 experts each. Contiguous: ranks get
+    4+3+2+1 = 10 and 4, mean 7, max/mean 10/7. Balanced (hottest first on the least loaded rank with a
+    free slot): 4 -> r0, 3 -> r1, 2 -> r1 (5), 1 -> r0 (5), 1 -> r0 (6, the tie goes to r0), 1 -> r1
+    (6), 1 -> r0 (7, full), 1 -> r1 (7): max/mean 1."""
+    shares = np.array([4, 3, 2, 1, 1, 1, 1, 1]) / 14
+    assert rank_imbalance(shares, 2, "contiguous") == pytest.approx(10 / 7)
+    assert rank_imbalance(shares, 2, "balanced") == pytest.approx(1.0)
+    assert placement(shares, 2, "balanced").tolist() == [0, 1, 1, 0, 0, 1, 0, 1]
+    assert np.bincount(placement(shares, 2, "balanced")).tolist() == [4, 4]  # E / ep experts per rank
+
+
+def test_skew_model_shares():
+    spec = model_presets.load("pangu-ultra-moe-718b")
+    shares = expert_shares(spec, TrainingConfig.model_validate({"global_batch_size": 8, "moe_expert_skew": 0.5}))
+    assert shares.sum() == pytest.approx(1.0) and len(shares) == spec.num_experts
+    ranked = np.sort(shares)[::-1]
+    assert ranked[0] / ranked[-1] == pytest.approx(spec.num_experts ** 0.5)  # Zipf: (k+1)^-s
+    uniform = expert_shares(spec, TrainingConfig.model_validate({"global_batch_size": 8, "moe_expert_skew": 0.0}))
+    assert np.allclose(uniform, 1 / spec.num_experts)
+
+
+def _score(cfg: dict) -> dict:
+    spec, profile = model_presets.load("pangu-ultra-moe-718b"), hardware_profiles.load("ascend-910b")
+    return evaluate(spec, profile, 6144, TrainingConfig.model_validate(cfg))
+
+
+def test_balanced_placement_of_skewed_pangu_routing_is_less_imbalanced_and_faster():
+    """Pangu's 256 experts over EP 32 with a Zipf-0.5 router: the result reports both placements, the
+    times use the config's, and they equal a config that states that imbalance directly."""
+    contiguous = _score(SKEWED)
+    balanced = _score({**SKEWED, "expert_placement": "balanced"})
+    r_c, r_b = contiguous["moe_routing"], balanced["moe_routing"]
+    spec = model_presets.load("pangu-ultra-moe-718b")
+    shares = expert_shares(spec, TrainingConfig.model_validate(SKEWED))
+    assert r_c["imbalance"] == pytest.approx(rank_imbalance(shares, 32, "contiguous"))
+    assert r_b["imbalance"] == pytest.approx(rank_imbalance(shares, 32, "balanced"))
+    assert r_b["imbalance"] < r_c["imbalance"]
+    assert r_c["imbalance_balanced"] == r_b["imbalance_balanced"]
+    assert balanced["step_time_s"] < contiguous["step_time_s"]
+    stated = {k: v for k, v in SKEWED.items() if k not in ("moe_expert_skew", "expert_placement")}
+    direct = _score({**stated, "moe_load_imbalance": r_b["imbalance"]})
+    assert direct["step_time_s"] == pytest.approx(balanced["step_time_s"], rel=1e-12)
+    assert "moe_routing" not in direct
+
+
+def test_uniform_routing_scores_the_same_either_way():
+    uniform = {**SKEWED, "moe_expert_skew": 0.0}
+    a, b = _score(uniform), _score({**uniform, "expert_placement": "balanced"})
+    assert a["moe_routing"]["imbalance"] == pytest.approx(1.0) == b["moe_routing"]["imbalance"]
+    assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-12)
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+EVAL = ("evaluate", "--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices", "8")
+
+
+@pytest.mark.parametrize("cfg,field", [
+    ({"moe_expert_load": [1, 2, 3]}, "config.moe_expert_load"),  # tiny-moe has 8 experts
+    ({"moe_expert_load": [1, -1, 1, 1, 1, 1, 1, 1]}, "config.moe_expert_load"),
+    ({"moe_expert_skew": -1}, "config.moe_expert_skew"),
+    ({"moe_expert_skew": 0.5, "moe_load_imbalance": 1.2}, "config.moe_expert_skew"),
+    ({"moe_expert_load": [1] * 8, "moe_expert_skew": 0.5}, "config.moe_expert_skew"),
+    ({"expert_placement": "random"}, "config.expert_placement"),
+])
+def test_bad_routing_fields_exit_2_naming_the_field(cfg, field):
+    proc = run(*EVAL, "--config", json.dumps({"global_batch_size": 16, "ep": 2, **cfg}))
+    assert proc.returncode == 2, proc.stdout
+    assert field in proc.stderr
+
+
+def test_dense_model_routing_is_refused_by_the_cli():
+    proc = run("evaluate", "--model", "tiny-dense", "--cluster", "nvidia-h100-80gb", "--devices", "8",
+               "--config", json.dumps({"global_batch_size": 16, "moe_expert_skew": 0.5}))
+    assert proc.returncode == 2 and "config.moe_expert_skew" in proc.stderr
+
+
+def test_api_reports_routing_and_names_bad_fields(tmp_path):
+    with TestClient(create_app(Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}"))) as client:
+        body = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 8,
+                "config": {"global_batch_size": 16, "ep": 2, "moe_expert_load": [4, 3, 2, 1, 1, 1, 1, 1]}}
+        r = client.post("/v1/evaluate", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["moe_routing"]["imbalance"] == pytest.approx(10 / 7)
+        body["config"]["moe_expert_load"] = [1, 2]
+        r = client.post("/v1/evaluate", json=body)
+        assert r.status_code == 422
+        assert ["body", "config", "moe_expert_load"] in [d["loc"] for d in r.json()["detail"]]
