@@ -316,3 +316,59 @@ def test_delete_of_a_running_job_stops_its_workers_and_leaves_no_study(database_
     finally:
         worker.stop()
         server.stop()
+
+
+# ------------------------------------------------------------------------------------------------
+# degenerate profiles: a 422 naming the field, never a "feasible" result with null times
+
+DEGENERATE = {"base": "nvidia-h100-80gb", "facts": {"peak_bf16_tflops": {"value": 1e-308, "source": "test"}}}
+
+
+def test_degenerate_profile_is_a_422_naming_the_fact(tmp_path):
+    """A peak of 1e-308 TFLOP/s in an inline profile: /v1/evaluate and /v1/jobs answer 422 naming
+    cluster.facts.peak_bf16_tflops (it used to be a 200 "feasible" with null step time and rates); the
+    shipped profile still evaluates, and check_finite says which result fields came out null."""
+    from fastapi.testclient import TestClient
+
+    import hardware_profiles
+    import model_presets
+    from app.formats.errors import InputError
+    from app.formats.results import check_finite, evaluate, non_finite_fields
+    from app.service.core.config import Settings
+    from app.service.main import create_app
+    from costmodel.spec import TrainingConfig
+
+    profile = hardware_profiles.load(DEGENERATE)
+    cfg = TrainingConfig(**EVALUATE["config"])
+    with np_quiet():
+        result = evaluate(model_presets.load("tiny-moe"), profile, 8, cfg)
+    assert result["feasible"] and "step_time_s" in non_finite_fields(result)
+    with pytest.raises(InputError) as err:
+        check_finite(result, profile)
+    assert err.value.field == "cluster.facts.peak_bf16_tflops" and "step_time_s" in err.value.reason
+    shipped = hardware_profiles.load("nvidia-h100-80gb")
+    assert check_finite(evaluate(model_presets.load("tiny-moe"), shipped, 8, cfg), shipped)["feasible"]
+
+    with TestClient(create_app(Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}"))) as c:
+        assert c.post("/v1/evaluate", json=EVALUATE).status_code == 200
+        for path, body in (("/v1/evaluate", {**EVALUATE, "cluster": DEGENERATE}),
+                           ("/v1/jobs", {**TINY_JOB, "cluster": DEGENERATE})):
+            r = c.post(path, json=body)
+            assert r.status_code == 422, (path, r.status_code, r.text[:300])
+            detail = r.json()["detail"][0]
+            assert detail["loc"] == ["body", "cluster", "facts", "peak_bf16_tflops"], (path, detail)
+            assert "1e-308" in detail["msg"], detail
+
+    from service_util import run_cli
+
+    (tmp_path / "degenerate.json").write_text(json.dumps(DEGENERATE))
+    cli = run_cli("evaluate", "--model", "tiny-moe", "--cluster", str(tmp_path / "degenerate.json"), "--devices", "8",
+                  "--config", json.dumps(EVALUATE["config"]), "--json")
+    assert cli.returncode == 2 and cli.stdout == "", (cli.returncode, cli.stdout[:200])
+    assert "error: cluster.facts.peak_bf16_tflops: " in cli.stderr, cli.stderr[-500:]
+
+
+def np_quiet():
+    import numpy as np
+
+    return np.errstate(all="ignore")

@@ -23,6 +23,7 @@ from app.formats.bounds import flag_problems
 from app.formats.describe import config_brief, layout_brief, margin_mark, variant_brief
 from app.formats.inputs import (InputError, check_config_data, check_config_for_model, check_devices, load_cluster,
                                 load_config, load_model)
+from app.formats.results import check_finite
 from app.formats.results import evaluate as evaluate_config
 from app.formats.validation import read_runs, score_runs
 
@@ -126,6 +127,10 @@ def evaluate(model, cluster, devices, config, seq_length, as_json) -> None:
     except InputError as exc:
         _fail(exc)
     result = evaluate_config(spec, profile, devices, cfg)
+    try:
+        check_finite(result, profile)  # a degenerate profile: exit 2 naming the fact, not nulls (issue 19)
+    except InputError as exc:
+        _fail(exc)
     if as_json:
         _print_json(result)
     else:

@@ -27,3 +27,51 @@ def without_undefined_dp(result: dict) -> dict:
 def evaluate(spec, profile, devices: int, config) -> dict:
     """``costmodel.evaluate`` with the reasons that need an undefined dp left out."""
     return without_undefined_dp(_evaluate(spec, profile, devices, config))
+
+
+# A fact beyond these bounds is what makes a result non-finite (issue 19: a peak of 1e-308 TFLOP/s gave a
+# "feasible" result with null times): named in the error when the result is not finite.
+FACT_TINY, FACT_HUGE = 1e-6, 1e12
+
+
+def non_finite_fields(result: dict) -> list[str]:
+    """The result's numbers that are null or not finite where the contract has numbers: every time, rate
+    and memory figure of a feasible result, or of one whose only reason is that it does not fit (``oom``:
+    its times and memory are still computed)."""
+    import math
+
+    reasons = {r.get("code") for r in result.get("infeasible_reasons") or []}
+    if not (result.get("feasible") or reasons == {"oom"}):
+        return []  # structurally invalid: nulls are the contract's answer for what cannot be computed
+    fields = [(k, result.get(k)) for k in ("step_time_s", "tokens_per_s", "tokens_per_s_per_device",
+                                           "model_tflops_per_device", "mfu", "hfu")]
+    fields += [(f"time.{k}", v) for k, v in (result.get("time") or {}).items()]
+    memory = result.get("memory") or {}
+    fields += [(f"memory.{k}", v) for k, v in memory.items() if k != "per_stage_peak_gib"]
+    fields += [(f"memory.per_stage_peak_gib[{i}]", v) for i, v in enumerate(memory.get("per_stage_peak_gib") or [])]
+    return [k for k, v in fields if not isinstance(v, (int, float)) or not math.isfinite(v)]
+
+
+def degenerate_facts(profile) -> dict[str, float]:
+    """The profile's non-zero numeric facts beyond any real device (outside ``FACT_TINY``..``FACT_HUGE``)."""
+    return {k: f.value for k, f in profile.facts.items()
+            if isinstance(f.value, (int, float)) and not isinstance(f.value, bool) and f.value != 0
+            and not (FACT_TINY <= abs(f.value) <= FACT_HUGE)}
+
+
+def check_finite(result: dict, profile) -> dict:
+    """``result`` if its numbers are finite, else an ``InputError`` naming the cluster field to blame: the
+    profile's facts beyond any real device (``cluster.facts.<name>`` when it is one), else ``cluster``; the
+    message lists the result fields that came out null."""
+    from .errors import InputError
+
+    bad = non_finite_fields(result)
+    if not bad:
+        return result
+    facts = degenerate_facts(profile)
+    field = f"cluster.facts.{next(iter(facts))}" if len(facts) == 1 else "cluster"
+    blamed = (f"the profile's {', '.join(f'{k}={v:g}' for k, v in facts.items())} "
+              f"{'is' if len(facts) == 1 else 'are'} beyond any real device ({FACT_TINY:g} to {FACT_HUGE:g})"
+              if facts else "the profile's facts")
+    shown = ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
+    raise InputError(field, f"{blamed}: the evaluation's {shown} would not be finite numbers")

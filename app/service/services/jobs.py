@@ -16,6 +16,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer
 
+from app.formats.results import FACT_HUGE, FACT_TINY, degenerate_facts
 from app.service.core.config import Settings
 from app.service.db.models import FINISHED, Job, JobConfig, JobLease, utcnow
 from app.service.schemas.jobs import JobCreate
@@ -71,6 +72,10 @@ def prepare(body: JobCreate, settings: Settings) -> dict:
     _check_caps(body, settings)
     spec = resolve_model(body.model, body.seq_length)
     profile = resolve_cluster(body.cluster)
+    if bad := degenerate_facts(profile):  # issue 19: ranked configs with null times, "feasible"
+        name, value = next(iter(bad.items()))
+        raise invalid(["body", "cluster", "facts", name], f"{value:g} is beyond any real device ({FACT_TINY:g} "
+                                                         f"to {FACT_HUGE:g}): the evaluations would not be finite")
     s = body.search
     if body.precision == "fp8" and not profile.has_fp8:
         raise invalid(["body", "precision"], f"fp8 needs an FP8 peak, which profile {profile.name} does not have")

@@ -12,9 +12,11 @@ from app.service.core.config import Settings
 from app.service.schemas.common import AUTH_ERRORS, BODY_ERRORS
 from app.service.schemas.evaluate import EvaluateRequest
 from app.service.schemas.evaluation import Evaluation
-from app.service.services.errors import invalid
+from app.service.services.errors import field_loc, invalid
 from app.service.services.inputs import (check_config_for, check_stages, resolve_cluster, resolve_config,
                                          resolve_model)
+from app.formats.errors import InputError
+from app.formats.results import check_finite
 from app.formats.results import evaluate as evaluate_config
 
 router = APIRouter(prefix="/v1", tags=["evaluate"], dependencies=[Depends(api_scope)], responses=AUTH_ERRORS)
@@ -39,8 +41,15 @@ async def evaluate(body: EvaluateRequest, settings: Settings = Depends(get_setti
     stages = cfg.pp * cfg.vpp
     try:
         if stages <= INLINE_STAGES:
-            return evaluate_config(spec, profile, body.devices, cfg)
-        return await run_in_threadpool(evaluate_config, spec, profile, body.devices, cfg)
+            result = evaluate_config(spec, profile, body.devices, cfg)
+        else:
+            result = await run_in_threadpool(evaluate_config, spec, profile, body.devices, cfg)
     except Exception as exc:  # noqa: BLE001 - input the cost model cannot score is still the caller's input
         log.exception("evaluate failed")
         raise invalid(["body", "config"], f"cannot be evaluated ({type(exc).__name__}: {exc})") from None
+    # A degenerate profile (a peak of 1e-308) gives null times on a "feasible" config: a 422 naming the fact
+    # to blame (issue 19), not a 200 with nulls.
+    try:
+        return check_finite(result, profile)
+    except InputError as exc:
+        raise invalid(field_loc(exc.field), exc.reason) from None
