@@ -210,8 +210,36 @@ def balanced_tokens(spec: ModelSpec, pp: int, vpp: int) -> list[str] | None:
     for stage in range(S - 1, 0, -1):
         j = int(back[stage, j])
         cuts.append(j)
-    cuts = [0] + cuts[::-1]
+    cuts = _balance_ranks([0] + cuts[::-1], prefix, pp)
     return ["".join(symbols[cuts[k]:cuts[k + 1]]) for k in range(S)]
+
+
+def _balance_ranks(cuts: list[int], prefix: np.ndarray, pp: int) -> list[int]:
+    """Among the splits as even per virtual stage as ``cuts``, one whose ranks are even too.
+
+    Stage sizes that tie (2s and 3s of Llama's 80 layers over 32 stages) can sit in any order, but rank
+    r runs stages r, r + pp, ...: moving single slots across stage boundaries while the sum of squared
+    stage costs does not grow, as long as the sum of squared rank loads falls, spreads them over the
+    ranks."""
+    def costs(c):
+        stage = np.diff(prefix[c])
+        return float(stage @ stage), float(np.square(np.bincount(np.arange(len(stage)) % pp, stage)).sum())
+
+    stage_sq, rank_sq = costs(cuts)
+    tol = 1e-12 * max(stage_sq, 1e-300)
+    improved = True
+    while improved:
+        improved = False
+        for k in range(1, len(cuts) - 1):
+            for step in (-1, 1):
+                moved = cuts[k] + step
+                if not cuts[k - 1] < moved < cuts[k + 1]:
+                    continue
+                trial = cuts[:k] + [moved] + cuts[k + 1:]
+                s_sq, r_sq = costs(trial)
+                if s_sq <= stage_sq + tol and r_sq < rank_sq - tol:
+                    cuts, stage_sq, rank_sq, improved = trial, min(s_sq, stage_sq), r_sq, True
+    return cuts
 
 
 @dataclass

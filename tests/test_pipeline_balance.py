@@ -83,3 +83,25 @@ def test_search_offers_the_balanced_split_only_where_it_differs_from_the_even_on
         except ValueError:
             continue  # no even split exists: only the balanced one is offered
         assert not np.array_equal(even, split_chunks(spec, pp, vpp, NO_VALUE, NO_VALUE, False, False, layout))
+
+
+def _rank_and_stage_loads(spec, tokens, pp):
+    costs, _ = _slot_flops(spec)
+    cuts = np.cumsum([0] + [t.count("t") + t.count("m") + t.count("L") for t in tokens])
+    stage = np.diff(np.concatenate([[0.0], np.cumsum(costs)])[cuts])
+    return np.bincount(np.arange(len(stage)) % pp, stage), stage
+
+
+def test_ties_between_stage_sizes_are_spread_over_the_ranks(monkeypatch):
+    """Llama-3 70B over pp 3 · vpp 5: 80 layers in 15 virtual stages of 5 and 6 can sit in any order at
+    the same per-stage balance; rank r runs stages r, r + 3, ..., so the order decides the ranks' loads.
+    The split keeps the least sum of squared stage costs and lowers the busiest rank's load."""
+    import costmodel.pipeline as pipeline
+
+    spec = model_presets.load("llama3-70b")
+    ranks, stages = _rank_and_stage_loads(spec, balanced_tokens(spec, 3, 5), 3)
+    monkeypatch.setattr(pipeline, "_balance_ranks", lambda cuts, prefix, pp: cuts)
+    ranks_dp, stages_dp = _rank_and_stage_loads(spec, balanced_tokens(spec, 3, 5), 3)
+    assert (stages ** 2).sum() == pytest.approx((stages_dp ** 2).sum(), rel=1e-12)
+    assert ranks.max() < ranks_dp.max()
+    assert ranks.max() / ranks.mean() < 1.01
