@@ -25,7 +25,8 @@ EP dispatch (searched)      flat ``alltoall``; hierarchical       flat ``alltoal
                             ``flex`` + DeepEP                     all-to-all (when EP leaves the node)
 CP algorithm (searched)     ``--cp-comm-type`` (all four)         ``--context-parallel-algo`` (all four)
 TP overlap                  ``--tp-comm-overlap``                 ``--use-ascend-mc2`` (not with the
-                                                                  all-to-all overlap, not with fp8)
+                                                                  all-to-all overlap, not with fp8, not
+                                                                  in MoE models: grouped GEMM)
 EP all-to-all overlap       not with full recompute, the moe      ``--moe-alltoall-overlap-comm`` (not
                             module, MTP > 1, or pp > 1 without    with the moe module)
                             interleaving
@@ -197,7 +198,7 @@ def express(config: TrainingConfig, spec: ModelSpec, framework: str,
     out.add("recompute", *_recompute(config, spec, ms, out.split))
     out.add("sharding", *_sharding(config, ms))
     out.add("optimizer", *_optimizer_dtypes(config, ms))
-    out.add("tp_overlap", *_tp_overlap(config, ms))
+    out.add("tp_overlap", *_tp_overlap(config, spec, ms))
     out.add("context_parallel", *_context_parallel(config, spec, ms, scale_up_domain))
     out.add("moe", *_moe(config, spec, ms, scale_up_domain))
     if split_rules:
@@ -546,7 +547,7 @@ def _mindspeed_dtypes(cfg: TrainingConfig, changed: dict) -> tuple[list[str], li
 
 # ---- tensor, context and expert parallelism ----------------------------------------------------------
 
-def _tp_overlap(cfg: TrainingConfig, ms: bool) -> tuple[list[str], list[Refusal]]:
+def _tp_overlap(cfg: TrainingConfig, spec: ModelSpec, ms: bool) -> tuple[list[str], list[Refusal]]:
     """Megatron --tp-comm-overlap (67f3515c arguments.py: "can happen only when sequence parallelism is
     enabled"; tp = 1 turns sequence parallelism off); MindSpeed MC2 --use-ascend-mc2 (MindSpeed
     features_manager/tensor_parallel/mc2.py: tp > 1 and sequence parallelism; MindSpeed-LLM deprecates its
@@ -560,6 +561,11 @@ def _tp_overlap(cfg: TrainingConfig, ms: bool) -> tuple[list[str], list[Refusal]
         # MindSpeed features_manager/megatron_basic/transformer_engine_basic.py: "MC2 is supported only by
         # the mxfp8 recipe in fp8" (the export states Megatron's default recipe)
         bad.append(Refusal("tp_comm_overlap", True, "MindSpeed's MC2 runs fp8 only with the mxfp8 recipe"))
+    if ms and spec.is_moe:
+        # MindSpeed-LLM mindspeed_llm/training/arguments.py _validate_moe_args: "Moe Grouped Gemm is not
+        # supported with mc2 in MOE model" (--moe-grouped-gemm is how the plan's experts run)
+        bad.append(Refusal("tp_comm_overlap", True, "MindSpeed-LLM refuses MC2 (--use-ascend-mc2) with the "
+                                                    "grouped-GEMM experts of an MoE model"))
     return ["--use-ascend-mc2" if ms else "--tp-comm-overlap"], bad
 
 

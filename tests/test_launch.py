@@ -258,16 +258,17 @@ def test_pangu_example_config(pangu):
     assert {r.field for r in exc.value.refusals} == {"moe_a2a_overlap"}
     with pytest.raises(InexpressibleError) as exc:
         launch_args(cfg, pangu, "mindspeed", ASCEND_DOMAIN)
-    assert {r.field for r in exc.value.refusals} == {"recompute_modules", "moe_a2a_algorithm", "moe_a2a_overlap"}
+    assert {r.field for r in exc.value.refusals} == {"recompute_modules", "moe_a2a_algorithm", "moe_a2a_overlap",
+                                                     "tp_comm_overlap"}  # MC2 with grouped-GEMM experts
     # without the all-to-all overlap Megatron-LM runs it (DeepEP for the hierarchical dispatch) ...
     no_a2a = {**cfg, "moe_a2a_overlap": False}
     f = check_megatron(pangu, no_a2a, ASCEND_DOMAIN)
     # 61 layers + embedding + loss over pp·vpp = 32 virtual stages does not divide: a layout states it
     assert "--pipeline-model-parallel-layout" in f
     assert f["--moe-token-dispatcher-type"] == ["flex"] and f["--moe-flex-dispatcher-backend"] == ["deepep"]
-    # ... and MindSpeed-LLM too with flat dispatch: mla_up_proj and moe are recomputed, as planned
-    m = check_mindspeed(pangu, {**no_a2a, "moe_a2a_algorithm": "flat"}, ASCEND_DOMAIN)
-    assert "--use-ascend-mc2" in m and "--moe-alltoall-overlap-comm" not in m
+    # ... and MindSpeed-LLM too with flat dispatch and no MC2: mla_up_proj and moe are recomputed, as planned
+    m = check_mindspeed(pangu, {**no_a2a, "moe_a2a_algorithm": "flat", "tp_comm_overlap": False}, ASCEND_DOMAIN)
+    assert "--use-ascend-mc2" not in m and "--moe-alltoall-overlap-comm" not in m
     assert m["--recompute-modules"] == ["layernorm", "moe"] and "--recompute-mla-up-proj" in m
     assert "--mla-up-proj-tp-overlap" in m and "--mla-mm-split" in m  # tp 8 (mla_feature.py)
 
@@ -569,7 +570,9 @@ def test_export_states_the_searched_cp_algorithm(tmp_path, kind):
 def test_a_framework_without_an_algorithm_neither_plans_nor_exports_it(tmp_path, monkeypatch):
     """The table is the one place: a framework that lacks a value gets none in its search and a refusal on export."""
     from search import frameworks
-    result = _algorithm_search("megatron", "tp=2", "cp=4", "cp_comm_type=allgather")
+    # MC2 and hierarchical dispatch pinned off: MindSpeed-LLM would refuse them first (not the point here)
+    result = _algorithm_search("megatron", "tp=2", "cp=4", "cp_comm_type=allgather", "tp_comm_overlap=false",
+                               "moe_a2a_algorithm=flat")
     monkeypatch.setitem(frameworks.ALGORITHMS, "mindspeed",
                         {**frameworks.ALGORITHMS["mindspeed"], "cp_comm_type": ("p2p", "a2a", "a2a+p2p")})
     res = _export(tmp_path, result, "mindspeed")
