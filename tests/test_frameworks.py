@@ -197,7 +197,10 @@ def test_overlap_combinations(mla):
     flat = {**BASE, "vpp": 2}
     both = {**flat, "tp_comm_overlap": True, "moe_a2a_overlap": True}
     assert _fields(both, mla, "megatron") == set()
-    assert _fields(both, mla, "mindspeed") == {"moe_a2a_overlap"}  # MC2 and the all-to-all overlap exclude
+    # MC2 and the all-to-all overlap exclude each other; MC2 and the grouped-GEMM experts of an MoE model too
+    assert _fields(both, mla, "mindspeed") == {"moe_a2a_overlap", "tp_comm_overlap"}
+    assert _fields({**flat, "tp_comm_overlap": True}, mla, "mindspeed") == {"tp_comm_overlap"}
+    assert _fields({**flat, "ep": 1, "tp_comm_overlap": True}, load_model("tiny-dense"), "mindspeed") == set()
     assert _fields({**flat, "tp_comm_overlap": True, "precision": "fp8"}, mla, "mindspeed") == {"tp_comm_overlap"}
     assert _fields({**flat, "tp": 1, "tp_comm_overlap": True}, mla, "megatron") == {"tp_comm_overlap"}
     a2a = {**flat, "moe_a2a_overlap": True}
