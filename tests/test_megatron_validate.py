@@ -8,7 +8,8 @@ probes only). Cases: the top configs of a Megatron-planned search of every prese
 searches), one config of each pipeline-split kind, and the configs of issue 18.
 
 Needs torch and megatron-core in the interpreter (this one, or ``PARAPLAN_MEGATRON_PYTHON``); .ci/run
-installs them (torch without its CUDA wheels). Without them the test skips saying so, and fails under CI.
+installs them (PyPI's torch, whose CUDA libraries it links even on a CPU). Without them the test skips
+saying so, and fails under CI.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def megatron():
     missing = _available()
     if missing is not None:
         msg = (f"Megatron-LM's validation needs torch and megatron-core in {PYTHON} ({missing}): "
-               "pip install --no-deps torch && pip install megatron-core==0.16.1 six regex pyyaml")
+               "pip install torch==2.14.1 megatron-core==0.16.1, as .ci/run does")
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
