@@ -83,7 +83,16 @@ def _log2_sizes(space: SearchSpace, table: dict) -> dict[str, np.ndarray]:
 def nearest_valid(space: SearchSpace, layout: dict) -> dict:
     """Repair a suggested layout to the closest one the space holds (log2 distance per size, a
     different split counts half a doubling, a different algorithm a quarter): samplers then spend no
-    trial on invalid combinations, and TPE still learns from what it suggested."""
+    trial on invalid combinations, and TPE still learns from what it suggested. Repairs are remembered
+    per space: ranking a study repairs every trial's suggestion again."""
+    memo = space.__dict__.setdefault("_nearest_valid_memo", {})
+    key = _key(layout)
+    if key not in memo:
+        memo[key] = _nearest_valid(space, layout)
+    return dict(memo[key])
+
+
+def _nearest_valid(space: SearchSpace, layout: dict) -> dict:
     table = space.layout_table()
     logs = _log2_sizes(space, table)
     dist = np.zeros(len(table["tp"]))

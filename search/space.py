@@ -53,7 +53,7 @@ import numpy as np
 from costmodel import ConfigBatch, TrainingConfig, validity
 from costmodel.batch import (CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DTYPE_BYTES, NO_VALUE, PRECISION_CODES,
                              RECOMPUTE_CODES, SHARDING_CODES, modules_mask)
-from costmodel.pipeline import LayoutError, balanced_tokens, split_chunks, stage_sets
+from costmodel.pipeline import LayoutError, balanced_tokens, split_chunks, stage_sets, unique_rows
 from costmodel.spec import ClusterProfile, ModelSpec
 
 from . import frameworks
@@ -163,9 +163,8 @@ class SearchSpace:
                 split[p["first_stage_layers"] != NO_VALUE] = names.index(SPLIT_FIRST_LAST)
             if SPLIT_BALANCED in names:
                 split[p["layout_id"] != NO_VALUE] = names.index(SPLIT_BALANCED)
-            keys = np.stack([p["tp"], p["cp"], p["pp"], p["vpp"], p["ep"], p["etp"], split,
-                             p["moe_a2a_hierarchical"].astype(np.int64), p["cp_comm"]], axis=1)
-            uniq = np.unique(keys, axis=0)
+            uniq, _ = unique_rows([p["tp"], p["cp"], p["pp"], p["vpp"], p["ep"], p["etp"], split,
+                                   p["moe_a2a_hierarchical"].astype(np.int64), p["cp_comm"]])
             self._layouts_cache = dict(zip(("tp", "cp", "pp", "vpp", "ep", "etp", "split", "moe_a2a_hierarchical",
                                             "cp_comm"), uniq.T))
         return self._layouts_cache
@@ -200,18 +199,25 @@ class SearchSpace:
         the overlap with the rest of the option (an off value is dominated only by an expressible on
         value, see the module docstring); a pinned overlap is taken as pinned."""
         tp, ep = np.asarray(par["tp"]), np.asarray(par["ep"])
-        expr = self.expressible(par)
+        groups, inv = self._expressible_groups(par)
+        # The mask depends on a config only through its expressible row, tp > 1 and ep > 1: work out each
+        # distinct combination once and spread it (millions of configs, a few dozen combinations).
+        key, inv = unique_rows([inv, (tp > 1).astype(np.int64), (ep > 1).astype(np.int64)])
+        return self._allowed_rows(groups[key[:, 0]], key[:, 1] == 1, key[:, 2] == 1)[inv]
+
+    def _allowed_rows(self, expr: np.ndarray, multi_tp: np.ndarray, multi_ep: np.ndarray) -> np.ndarray:
+        """``allowed`` for rows of expressible masks ``expr`` and whether tp > 1, ep > 1 on each row."""
         tp_ov = np.array([o[2] for o in self.options])
         a2a = np.array([o[3] for o in self.options])
         ok = expr.copy()
         if "tp_comm_overlap" not in self.fixed:
             on = self._partner(2)
             beaten = (on >= 0)[None, :] & expr[:, np.maximum(on, 0)]
-            ok &= np.where(tp_ov[None, :], tp[:, None] > 1, (tp[:, None] == 1) | ~beaten)
+            ok &= np.where(tp_ov[None, :], multi_tp[:, None], ~multi_tp[:, None] | ~beaten)
         if "moe_a2a_overlap" not in self.fixed:
             # on only where there is a dispatch to hide; off is not dominated where it is on: the
             # overlap holds one more model chunk's activations (pipeline.a2a_overlap_extra_microbatches)
-            ok &= ~a2a[None, :] | (ep[:, None] > 1)
+            ok &= ~a2a[None, :] | multi_ep[:, None]
         return ok
 
     def _partner(self, flag: int) -> np.ndarray:
@@ -227,19 +233,28 @@ class SearchSpace:
         cp, ep, etp, dispatch, CP algorithm) with no recompute and no overlap; and the
         split rules per distinct split and option (``split_refusals`` says no other rule reads the split
         or fires at pp = 1, and no rule reads cp together with an option)."""
+        groups, inv = self._expressible_groups(par)
+        return groups[inv]
+
+    def _expressible_groups(self, par: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """``expressible`` as its distinct rows (groups, options) and each config's row index."""
         n = len(par["tp"])
         if self.framework is None or n == 0:
-            return np.ones((n, len(self.options)), dtype=bool)
-        col = lambda *keys: np.stack([np.asarray(par[k]).astype(np.int64) for k in keys], axis=1)  # noqa: E731
-        out = self._rows(col("tp", "ep", "etp"), "options", self._options_row)
-        out &= self._rows(col("tp", "cp", "ep", "etp", "moe_a2a_hierarchical", "cp_comm"), "layout", self._layout_row)
+            return np.ones((1, len(self.options)), dtype=bool), np.zeros(n, dtype=np.intp)
+        col = lambda *keys: [np.asarray(par[k]).astype(np.int64) for k in keys]  # noqa: E731
         split_keys = ("pp", "vpp", "first_stage_layers", "last_stage_layers", "account_for_embedding",
                       "account_for_loss", "layout_id")
-        return out & self._rows(col(*split_keys), "split", self._split_row)
+        parts = [self._rows(col("tp", "ep", "etp"), "options", self._options_row),
+                 self._rows(col("tp", "cp", "ep", "etp", "moe_a2a_hierarchical", "cp_comm"), "layout",
+                            self._layout_row),
+                 self._rows(col(*split_keys), "split", self._split_row)]
+        key, inv = unique_rows([part_inv for _, part_inv in parts])
+        groups = parts[0][0][key[:, 0]] & parts[1][0][key[:, 1]] & parts[2][0][key[:, 2]]
+        return groups, inv
 
-    def _rows(self, keys: np.ndarray, kind: str, row_fn) -> np.ndarray:
-        """Rows of ``row_fn`` per distinct key (remembered), spread to every config."""
-        uniq, inv = _unique_rows(keys)
+    def _rows(self, keys: list[np.ndarray], kind: str, row_fn) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of ``row_fn`` per distinct key (remembered) and each config's row index."""
+        uniq, inv = unique_rows(keys)
         cache = self._expressible_cache
         rows = []
         for u in uniq:
@@ -247,7 +262,7 @@ class SearchSpace:
             if key not in cache:
                 cache[key] = np.broadcast_to(row_fn(*map(int, u)), (len(self.options),))
             rows.append(cache[key])
-        return np.array(rows, dtype=bool)[inv.reshape(-1)]
+        return np.array(rows, dtype=bool), inv
 
     def _option_fields(self, opt: int) -> dict:
         rec, dist, tp_ov, a2a = self.options[opt]
@@ -426,17 +441,6 @@ class SearchSpace:
     def choice_config(self, choice: dict) -> dict:
         par, opts, _ = self.choice_columns([choice])
         return self._row_config({k: v[0].item() for k, v in par.items()}, int(opts[0]))
-
-
-def _unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(keys, axis=0, return_inverse=True)`` through one integer code per row (much faster
-    on millions of rows of a few small columns)."""
-    code = np.zeros(len(keys), dtype=np.int64)
-    for j in range(keys.shape[1]):
-        values, inv = np.unique(keys[:, j], return_inverse=True)
-        code = code * len(values) + inv.reshape(-1)
-    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
-    return keys[first], inv.reshape(-1)
 
 
 def _split_fields(spec: ModelSpec, pp: int, vpp: int, mode: str) -> dict | None:
