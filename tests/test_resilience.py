@@ -372,3 +372,46 @@ def np_quiet():
     import numpy as np
 
     return np.errstate(all="ignore")
+
+
+# ------------------------------------------------------------------------------------------------
+# a database outage mid-job is not a worker crash
+
+OUTAGE_S = 20
+
+
+@pytest.mark.postgres
+def test_a_20_s_database_outage_mid_job_on_3_workers_ends_succeeded_with_its_trials(postgres_url, tmp_path):
+    """PostgreSQL drops and refuses the service database's connections for 20 s while a TPE job runs on 3
+    workers (the server's and two more): the job ends `succeeded` with exactly its n_trials finished trials
+    in its study, not "workers stopped 3 times ... giving up"."""
+    import os
+
+    import optuna
+    from sqlalchemy.engine import make_url
+
+    from service_util import WorkerProcess, wait_for
+
+    n_trials = 300
+    body = {"model": "pangu-ultra-moe-718b", "cluster": "ascend-910b", "devices": 6144, "global_batch_size": 7680,
+            "search": {"sampler": "tpe", "n_trials": n_trials, "seed": 5, "parallel_workers": 3}}
+    admin, database = os.environ["PARAPLAN_TEST_POSTGRES_URL"], make_url(postgres_url).database
+    server = Server(postgres_url, tmp_path / "server.log").start()
+    workers = [WorkerProcess(postgres_url, tmp_path / f"worker{i}.log").wait_started() for i in range(2)]
+    try:
+        with server.client() as c:
+            job = c.post("/v1/jobs", json=body).raise_for_status().json()
+            wait_for(c, job["id"], until=lambda j: j["progress"]["trials_done"] >= 40, timeout=180)
+            _set_connections(admin, database, allow=False)
+            time.sleep(OUTAGE_S)
+            _set_connections(admin, database, allow=True)
+            done = wait_for(c, job["id"], timeout=300)
+        assert done["status"] == "succeeded", done["error"]
+        assert done["progress"] == {"trials_done": n_trials, "trials_total": n_trials}
+        study = optuna.load_study(study_name=f"paraplan-job-{job['id']}", storage=postgres_url)
+        complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        assert len(complete) == n_trials, len(complete)
+    finally:
+        for w in workers:
+            w.stop()
+        server.stop()

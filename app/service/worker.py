@@ -179,13 +179,17 @@ class Worker:
                                               JobLease.expires_at == lease.expires_at)).rowcount
             for lease in lost)
         if dropped:
-            db.execute(_job_update(Job.id == row.id).values(leases_lost=Job.leases_lost + dropped))
+            # Leases found run out in one look are one loss, however many went (issue 19): a database outage
+            # or a lost machine takes every worker of a job at once, and counting each lease made a 20 s
+            # PostgreSQL restart fail a 3-worker job ("stopped 3 times") with its finished trials. A crash loop
+            # (each new claim dies) still adds one loss per claim and fails after max_attempts.
+            db.execute(_job_update(Job.id == row.id).values(leases_lost=Job.leases_lost + 1))
             log.warning("job %s: lease lost by %s", row.id, ", ".join(lease.worker for lease in lost))
-            if live == 0 and row.leases_lost + dropped >= self.settings.max_attempts:
+            if live == 0 and row.leases_lost + 1 >= self.settings.max_attempts:
                 db.execute(_job_update(Job.id == row.id, Job.status == "running", Job.attempts == row.attempts,
                                        ~exists().where(JobLease.job_id == row.id)).values(
                     status="failed", finished_at=now, updated_at=now,
-                    error=f"the job's workers stopped {row.leases_lost + dropped} times while running it "
+                    error=f"the job's workers stopped {row.leases_lost + 1} times while running it "
                           "(lost leases); giving up"))
                 return False
         if row.status == "running" and live >= _wanted_workers(row.search):

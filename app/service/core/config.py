@@ -60,7 +60,8 @@ class Settings(BaseSettings):
                                                      "run again (RDBStorage grace_period, whole seconds).")
     poll_s: float = Field(0.5, gt=0, description="How often an idle worker looks for a queued job.")
     progress_s: float = Field(1.0, gt=0, description="How often a running job's progress is written.")
-    max_attempts: int = Field(3, ge=1, description="Lost leases (its workers died) after which a job fails.")
+    max_attempts: int = Field(3, ge=1, description="Losses of a job's workers after which it fails (leases found run out "
+                                                   "in one look count once: a database outage is one loss).")
     embedded_worker: bool = Field(True, description="`paraplan serve` runs a worker thread beside the API.")
 
     @property
