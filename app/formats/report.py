@@ -200,10 +200,14 @@ def memory_figure(top: list[dict], margin: float | None = None) -> dict:
                          "line": {"color": "#ff7f0e", "dash": "dot", "width": 2}})
     data += configs[::-1]  # Plotly draws later traces on top: the best last; the legend lists it first
     step = max(1, math.ceil(max(stages_max, 1) / MAX_STAGE_TICKS))
+    # An explicit range with room below zero: "tozero" clips at 0, so a small model's peak (3 GiB of an
+    # 80 GiB axis) drew the best config's ring half under the axis; the ring is ~4 % of the plot's height.
+    peaks = [y for c in configs for y in c["y"] if y is not None]
+    y_top = 1.06 * max([cap or 0.0, *peaks, 1.0])
     title = "Peak memory per pipeline stage" if stages_max else \
         "Peak memory per pipeline stage: no per-stage figures in this result"
     return {"data": data, "layout": _layout(title, "pipeline stage", "GiB", yaxis={
-        "title": {"text": "GiB"}, "rangemode": "tozero"}, xaxis={
+        "title": {"text": "GiB"}, "range": [-0.06 * y_top, y_top], "zeroline": True}, xaxis={
         "title": {"text": "pipeline stage (lines: ranks; ring: the best config)"}, "range": span,
         "tickmode": "array", "tickvals": list(range(0, max(stages_max, 1), step)),
         "ticktext": [str(i) for i in range(0, max(stages_max, 1), step)], "zeroline": False},
