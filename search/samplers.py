@@ -26,6 +26,7 @@ from costmodel import evaluate_batch
 from .exhaustive import LAYOUT_FIELDS, ProgressFn, Ranked, _rank_order, layout_firsts
 from .space import CP_COMM_CODES, CP_COMM_NAMES, SearchSpace
 from .storages import TrialHeartbeat, fail_stale_trials, open_rdb_storage, reservation_lock
+from .trial_writes import OwnTrialsStorage
 
 SAMPLERS = ("tpe", "nsga2", "random")
 COMPLETE, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
@@ -132,7 +133,9 @@ def _as_storage(storage) -> optuna.storages.BaseStorage:
     if storage is None:
         return optuna.storages.InMemoryStorage()
     if isinstance(storage, str):
-        return open_rdb_storage(storage)
+        storage = open_rdb_storage(storage)
+    if isinstance(storage, optuna.storages.RDBStorage):
+        return OwnTrialsStorage(storage)  # fewer round trips per trial (search/trial_writes.py)
     return storage
 
 
@@ -190,7 +193,8 @@ def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: 
             if not trials:  # the budget is reserved by trials in flight (or by a dead worker's, until stale)
                 time.sleep(poll_s)
                 continue
-            complete += _score_round(space, study, trials, multi, worker, margin_gib)
+            complete += _score_round(space, study, trials, multi, worker, margin_gib,
+                                     write_params=getattr(storage, "write_params", None))
     finally:
         heartbeat.close()
     ranked = rank_trials(space, study.get_trials(deepcopy=False, states=(COMPLETE,)), top_k, margin_gib)
@@ -200,7 +204,7 @@ def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: 
 
 
 def _score_round(space: SearchSpace, study: optuna.Study, trials: list, multi: bool, worker: str | None,
-                 margin_gib: float = 0.0) -> int:
+                 margin_gib: float = 0.0, write_params: Callable[[], None] | None = None) -> int:
     """Score the layouts of a round of trials in one vectorised batch and tell each its value; returns
     how many were told. A trial that another worker failed meanwhile (its heartbeat looked stale to it:
     a stalled process) is dropped: it is already queued to run again."""
@@ -211,6 +215,8 @@ def _score_round(space: SearchSpace, study: optuna.Study, trials: list, multi: b
             live.append(t)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass
+    if write_params is not None:  # the round's parameters land before scoring (a crash retries them)
+        write_params()
     expanded = [expand(space, lay) for lay in layouts]
     scores = _score(space, [c for group in expanded for c in group])
     start, told = 0, 0
