@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from costmodel import ClusterProfile, ModelSpec, TrainingConfig, evaluate_many
 
@@ -67,11 +68,17 @@ def _entries(req: SearchRequest, ranked: Ranked) -> tuple[list[dict], list[dict]
     return top, layouts
 
 
-def run_search(req: SearchRequest, progress: ProgressFn | None = None) -> dict:
+def run_search(req: SearchRequest, progress: ProgressFn | None = None,
+               check: Callable[[], None] | None = None) -> dict:
+    """Run one search. ``progress(done, total)`` is called as trials (or configs) are scored;
+    ``check()`` before and while the space is built (seconds on a big space, before any progress).
+    Either may raise to stop the search (a cancelled job, a worker shutting down)."""
     started = time.perf_counter()
+    if check is not None:
+        check()
     space = build_space(req.spec, req.profile, req.devices, req.global_batch_size, precision=req.precision,
                         moe_load_imbalance=req.moe_load_imbalance, fixed=req.fixed,
-                        allow_cross_domain_tp=req.allow_cross_domain_tp, framework=req.framework)
+                        allow_cross_domain_tp=req.allow_cross_domain_tp, framework=req.framework, check=check)
     size = space.size
     engine = req.sampler
     if engine == "auto":

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from itertools import product
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -149,6 +149,9 @@ class SearchSpace:
     _layouts_cache: dict | None = field(default=None, repr=False)
     _expressible_cache: dict = field(default_factory=dict, repr=False)
     _mask_cache: tuple | None = field(default=None, repr=False)
+    # Called between the steps of the build (seconds on a big space; ``build_space`` clears it at the end);
+    # it may raise to stop it: a worker whose job was cancelled stops there instead of finishing the build.
+    check: Callable[[], None] | None = field(default=None, repr=False)
 
     def layout_table(self) -> dict[str, np.ndarray]:
         """The distinct valid layouts without the micro-batch size (samplers score that inside a
@@ -257,7 +260,9 @@ class SearchSpace:
         uniq, inv = unique_rows(keys)
         cache = self._expressible_cache
         rows = []
-        for u in uniq:
+        for i, u in enumerate(uniq):
+            if self.check is not None and i % 16 == 0:
+                self.check()
             key = (kind, *map(int, u))
             if key not in cache:
                 cache[key] = np.broadcast_to(row_fn(*map(int, u)), (len(self.options),))
@@ -550,11 +555,13 @@ def _apply_fixed(values: dict[str, list], fixed: dict) -> dict[str, list]:
 def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_batch_size: int, *,
                 precision: str = "bf16", moe_load_imbalance: float | None = None,
                 fixed: dict | None = None, allow_cross_domain_tp: bool = False,
-                framework: str | None = None) -> SearchSpace:
+                framework: str | None = None, check: Callable[[], None] | None = None) -> SearchSpace:
     """All valid configs of one search. ``fixed`` pins config fields (validated by the caller).
 
     ``framework`` (``search.frameworks.FRAMEWORKS``) keeps only the configs that framework can express;
-    None offers every option the cost model has (the CLI and the service always name one)."""
+    None offers every option the cost model has (the CLI and the service always name one). ``check`` is
+    called between the steps of the build (``SearchSpace.check``) and may raise to stop it."""
+    check = check or (lambda: None)
     fixed = dict(fixed or {})
     constants = _constants(spec, fixed, framework)
     imbalance = DEFAULT_MOE_LOAD_IMBALANCE if moe_load_imbalance is None else moe_load_imbalance
@@ -580,6 +587,7 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
         if "pipeline_layout" in fields and fields["pipeline_layout"] not in layouts:
             layouts.append(fields["pipeline_layout"])
         split_rows.append((pp, vpp, fields))
+    check()
     grid = list(product(range(len(split_rows)), values["tp"], values["cp"], values["ep"], values["etp"],
                         values["micro_batch_size"]))
     if not grid or not split_rows:
@@ -606,14 +614,17 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
     space = SearchSpace(spec=spec, profile=profile, devices=devices, global_batch_size=global_batch_size,
                         precision=precision, moe_load_imbalance=imbalance, values=values, fixed=fixed,
                         parallel=parallel, options=options, layouts=layouts, framework=framework,
-                        constants=constants)
+                        constants=constants, check=check)
     # Keep the layouts every validity rule accepts, checked by the cost model's own code.
     probe = space.make_batch(np.arange(len(g)), np.zeros(len(g), dtype=np.int64))
     broken = np.logical_or.reduce([r.broken for r in validity.check(spec, probe, devices, profile.has_fp8)])
+    check()
     ok = ~broken & stage_sets(spec, probe).valid
     if not allow_cross_domain_tp and "tp" not in fixed:
         ok &= probe.tp <= int(profile.fact("scale_up_domain"))
+    check()
     space.parallel = _with_algorithms(space, {k: v[ok] for k, v in parallel.items()})
+    check()
     if framework is not None and ok.any():
         _keep_expressible(space)
     if space.size == 0:
@@ -621,6 +632,7 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
             raise SpaceError("fix", f"the pinned values ({', '.join(f'{k}={v}' for k, v in fixed.items())}) "
                                     "leave no structurally valid config")
         raise _no_config_error(devices, global_batch_size, int(profile.fact("scale_up_domain")))
+    space.check = None  # the build's own: a sampler's round is not stopped half-told
     return space
 
 

@@ -9,7 +9,8 @@
   ``max_attempts`` lost leases a job with no live worker fails.
 * While the search runs, a thread renews the lease and writes the progress every half second; when the
   job is no longer ``running`` or the lease is gone (cancelled, deleted, finished by another worker),
-  the search's progress callback raises :class:`Cancelled` at its next call and nothing is written.
+  the search's progress callback (or its check while the space is built) raises :class:`Cancelled` at
+  its next call and nothing is written.
 * Sampler jobs run their Optuna study (``paraplan-job-<id>``, in the same database) through
   ``search.samplers.run_sampler``: every worker of the job adds trials to the same study until it holds
   ``n_trials`` finished trials, and a worker taking over a job after a crash continues the study (the
@@ -249,12 +250,15 @@ class Worker:
                         lost.set()
                         return
 
-        def on_progress(done: int, total: int) -> None:
-            progress["done"], progress["total"] = int(done), int(total)
+        def check() -> None:
             if lost.is_set():
                 raise Cancelled()
             if self.stop_event.is_set():
                 raise Interrupted()
+
+        def on_progress(done: int, total: int) -> None:
+            progress["done"], progress["total"] = int(done), int(total)
+            check()
 
         beat = threading.Thread(target=heartbeat, name=f"heartbeat-{job_id[:8]}", daemon=True)
         beat.start()
@@ -263,7 +267,7 @@ class Worker:
             req = self._request(job)
             log.info("job %s: running %s (%s trials, claim %d)", job_id, job.search["engine"], progress["total"],
                      job.attempts)
-            result = run_search(req, progress=on_progress)
+            result = run_search(req, progress=on_progress, check=check)
         except Cancelled:
             self._drop_lease(job_id)
             log.info("job %s: no longer ours (cancelled, deleted or finished by another worker); stopped after "
