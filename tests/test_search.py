@@ -327,3 +327,24 @@ def test_a_mindspeed_search_never_plans_a_dispatch_it_cannot_launch(sampler):
     if sampler == "tpe":
         assert all(t.params.get("moe_a2a_algorithm", "flat") == "flat"
                    for t in optuna.load_study(study_name="ms", storage=storage).trials)
+
+
+def test_a_check_stops_the_build_of_a_big_space_between_its_steps():
+    """A worker's cancel is seen while Pangu's space is built (seconds), not only at the first trial."""
+    spec, profile = model_presets.load("pangu-ultra-moe-718b"), hardware_profiles.load("ascend-910b")
+
+    class Stop(Exception):
+        pass
+
+    calls = []
+
+    def check():
+        calls.append(len(calls))
+        if len(calls) == 6:
+            raise Stop
+
+    with pytest.raises(Stop):
+        build_space(spec, profile, 6144, 7680, framework="mindspeed", check=check)
+    calls.clear()
+    space = build_space(spec, profile, 6144, 7680, framework="mindspeed", check=lambda: calls.append(1))
+    assert len(calls) > 10 and space.check is None  # many steps; a sampler's rounds are not stopped by it
