@@ -165,13 +165,13 @@ class OwnTrialsStorage(_CachedStorage):
                 self._backend._set_trial_attr_without_commit(session, model_cls, trial_id, key, value)  # noqa: SLF001
             for objective, value in enumerate(values or ()):
                 self._backend._set_trial_value_without_commit(session, trial, objective, value)  # noqa: SLF001
+            now = dt.datetime.now()
             trial.state = state
             if state.is_finished():
-                trial.datetime_complete = dt.datetime.now()
+                trial.datetime_complete = now
         if not state.is_finished():
             return
-        own.state, own.values, own.datetime_complete = state, list(values) if values is not None else None, \
-            dt.datetime.now()
+        own.state, own.values, own.datetime_complete = state, list(values) if values is not None else None, now
         with self._lock:  # the finished trial as the cache will read it back, without a read
             study_id, number = self._trial_id_to_study_id_and_number[trial_id]
             info = self._studies[study_id]

@@ -65,15 +65,25 @@ def test_the_database_holds_what_plain_optuna_writes(tmp_path):
     assert a[0][3] == {"tp": 4, "pp": 2, "vpp": a[0][3]["vpp"]}  # the enqueued trial kept its fixed params
 
 
-def test_params_land_before_scoring_and_reads_come_from_memory(tmp_path):
+@pytest.fixture
+def own_study(tmp_path):
+    """(URL, OwnTrialsStorage, a study on it) on a new SQLite file."""
     url = f"sqlite:///{tmp_path / 'q.db'}"
     storage = OwnTrialsStorage(RDBStorage(url))
-    study = optuna.create_study(storage=storage, study_name="s")
+    return url, storage, optuna.create_study(storage=storage, study_name="s")
+
+
+def test_params_land_before_scoring_and_reads_come_from_memory(own_study):
+    url, storage, study = own_study
     t = study.ask()
     t.suggest_float("x", 0.0, 1.0)
     t.set_user_attr("worker", "w1")
     engine = create_engine(url)
-    count = lambda table: engine.connect().execute(text(f"SELECT COUNT(*) FROM {table}")).scalar()  # noqa: E731
+
+    def count(table: str) -> int:
+        with engine.connect() as conn:
+            return conn.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar()
+
     assert count("trial_params") == 0 and storage.get_trial(t._trial_id).params == {"x": t.params["x"]}
     storage.write_params()
     assert count("trial_params") == 1  # a worker dying now leaves the parameters its retry runs again
@@ -83,10 +93,8 @@ def test_params_land_before_scoring_and_reads_come_from_memory(tmp_path):
     assert optuna.load_study(study_name="s", storage=url).trials[0].user_attrs == {"worker": "w1"}
 
 
-def test_a_trial_failed_by_another_worker_stays_failed(tmp_path):
-    url = f"sqlite:///{tmp_path / 'q.db'}"
-    storage = OwnTrialsStorage(RDBStorage(url))
-    study = optuna.create_study(storage=storage, study_name="s")
+def test_a_trial_failed_by_another_worker_stays_failed(own_study):
+    url, storage, study = own_study
     t = study.ask()
     t.suggest_float("x", 0.0, 1.0)
     RDBStorage(url).set_trial_state_values(t._trial_id, TrialState.FAIL)  # another worker found it stale
@@ -101,10 +109,8 @@ def test_a_trial_failed_by_another_worker_stays_failed(tmp_path):
     assert [t.state for t in optuna.load_study(study_name="s", storage=url).trials] == [TrialState.FAIL] * 2
 
 
-def test_a_waiting_retry_is_taken_as_its_own_trial_with_its_params(tmp_path):
-    url = f"sqlite:///{tmp_path / 'q.db'}"
-    storage = OwnTrialsStorage(RDBStorage(url))
-    study = optuna.create_study(storage=storage, study_name="s")
+def test_a_waiting_retry_is_taken_as_its_own_trial_with_its_params(own_study):
+    url, storage, study = own_study
     study.enqueue_trial({"x": 0.25})
     assert study.trials[0].state == TrialState.WAITING  # a waiting trial is nobody's yet
     t = study.ask()
