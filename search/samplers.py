@@ -14,7 +14,9 @@ from what one process saw.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import uuid
 import warnings
 from typing import Callable
 
@@ -25,7 +27,7 @@ from costmodel import evaluate_batch
 
 from .exhaustive import LAYOUT_FIELDS, ProgressFn, Ranked, _rank_order, layout_firsts
 from .space import CP_COMM_CODES, CP_COMM_NAMES, SearchSpace
-from .storages import TrialHeartbeat, fail_stale_trials, open_rdb_storage, reservation_lock
+from .storages import ReservationTurns, TrialHeartbeat, fail_stale_trials, open_rdb_storage, reservation_lock
 from .trial_writes import OwnTrialsStorage
 
 SAMPLERS = ("tpe", "nsga2", "random")
@@ -168,19 +170,29 @@ def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: 
         storage=storage, study_name=study_name, sampler=make_sampler(name, seed),
         directions=["maximize", "maximize"] if multi else ["maximize"], load_if_exists=True)
     heartbeat = TrialHeartbeat(storage)
+    turns = ReservationTurns(study, worker or uuid.uuid4().hex)
     complete = 0
+
+    def waiting() -> None:  # while waiting for the lock: keep the turn marked, notice a cancel or a stop
+        turns.waiting()
+        if progress:
+            progress(complete, n_trials)
+
     try:
         while True:
             if progress:
                 progress(complete, n_trials)  # may raise to stop this worker (cancelled, shutting down)
             timed_out = timeout_s is not None and clock() - started > timeout_s
-            waiting = (lambda: progress(complete, n_trials)) if progress else None  # cancel/stop while waiting
+            if not timed_out:
+                turns.waiting()
             with reservation_lock(storage, study.study_name, on_wait=waiting):
                 fail_stale_trials(study, storage)
                 states = [t.state for t in study.get_trials(deepcopy=False, states=(COMPLETE, RUNNING))]
                 complete = states.count(COMPLETE)
                 free = n_trials - len(states)  # running trials are slots reserved by whoever runs them
                 k = 0 if timed_out else min(_round_size(name, n_trials - complete), free)
+                if k > 0 and turns.must_yield():  # another worker's turn (search.storages.ReservationTurns)
+                    k = 0
                 trials = []
                 for _ in range(max(k, 0)):
                     with warnings.catch_warnings():  # "heartbeats are meant for Study.optimize": ours beat here
@@ -188,6 +200,8 @@ def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: 
                         trials.append(study.ask())
                     heartbeat.first_beat(trials[-1]._trial_id)  # noqa: SLF001 - Optuna's heartbeats key on it
                 heartbeat.track([t._trial_id for t in trials])  # noqa: SLF001
+                if trials:
+                    turns.reserved()
             if complete >= n_trials or timed_out:
                 break
             if not trials:  # the budget is reserved by trials in flight (or by a dead worker's, until stale)
@@ -197,6 +211,8 @@ def run_sampler(space: SearchSpace, name: str, n_trials: int, top_k: int, seed: 
                                      write_params=getattr(storage, "write_params", None))
     finally:
         heartbeat.close()
+        with contextlib.suppress(Exception):  # a database gone here: the mark goes stale by itself
+            turns.done()
     ranked = rank_trials(space, study.get_trials(deepcopy=False, states=(COMPLETE,)), top_k, margin_gib)
     ranked.pareto = _pareto(study, space, margin_gib) if multi else None
     ranked.extra["study_name"] = study.study_name

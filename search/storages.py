@@ -138,6 +138,66 @@ class TrialHeartbeat:
             self._thread.join(timeout=5)
 
 
+class ReservationTurns:
+    """Turns at the reservation lock for the workers of one study, so that none is starved.
+
+    The lock is taken by polling (``search.locks``), which is not fair: two workers that reserve big
+    rounds and release the lock to score can keep beating a third to it (seen beside CPU-bound processes
+    on CI's 2 cores: one of 3 workers got no trial of a 300-trial job). So a worker waiting for a round
+    marks the study (study system attribute ``waiting:<worker>``, the wall time it started waiting,
+    refreshed every ``REFRESH_S`` s while it waits), and a worker holding the lock reserves nothing while
+    another has waited since before its own last reservation: it lets the lock go and waits its turn.
+    A mark not refreshed for ``STALE_S`` s (its worker died) is ignored, and a worker yields for at most
+    ``YIELD_MAX_S`` s in a row (hosts whose clocks disagree could otherwise each wait for the other).
+    """
+
+    REFRESH_S = 1.0
+    STALE_S = 5.0
+    YIELD_MAX_S = 10.0
+    PREFIX = "waiting:"
+
+    def __init__(self, study: optuna.Study, worker: str, clock: Callable[[], float] | None = None):
+        import time
+
+        self.study, self.key = study, f"{self.PREFIX}{worker}"
+        self.clock = clock or time.time  # wall time: compared across processes
+        self.since: float | None = None  # when this worker started waiting for its next round
+        self.refreshed = 0.0
+        self.last_reserved = float("-inf")
+
+    def _write(self, value) -> None:
+        self.study._storage.set_study_system_attr(self.study._study_id, self.key, value)  # noqa: SLF001
+
+    def waiting(self) -> None:
+        """This worker wants a round: mark it (once, then every ``REFRESH_S`` s)."""
+        now = self.clock()
+        if self.since is None:
+            self.since = now
+        if now - self.refreshed >= self.REFRESH_S:
+            self._write([self.since, now])
+            self.refreshed = now
+
+    def must_yield(self) -> bool:
+        """Call holding the lock: whether another worker has waited since before this one's last round."""
+        now = self.clock()
+        if self.since is not None and now - self.since > self.YIELD_MAX_S:
+            return False
+        attrs = self.study._storage.get_study_system_attrs(self.study._study_id)  # noqa: SLF001
+        return any(key.startswith(self.PREFIX) and key != self.key and mark is not None
+                   and mark[0] < self.last_reserved and now - mark[1] < self.STALE_S
+                   for key, mark in attrs.items())
+
+    def reserved(self) -> None:
+        """This worker got its round: its mark goes."""
+        self.last_reserved = self.clock()
+        self.done()
+
+    def done(self) -> None:
+        if self.since is not None:
+            self._write(None)
+        self.since, self.refreshed = None, 0.0
+
+
 def fail_stale_trials(study: optuna.Study, storage) -> None:
     """Fail (and retry) the trials whose worker died. Call it holding the reservation lock.
 
