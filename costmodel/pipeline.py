@@ -271,7 +271,7 @@ class StageSet:
     split_uneven_table: np.ndarray | None = None
     split_chunk_acts: list[np.ndarray] | None = None  # per split: every rank's chunks, (pp, vpp, 3)
     split_unevens: list[np.ndarray] | None = None  # per split: (pp,) whether the rank's chunks differ
-    split_replay_caches: list[dict] | None = None  # per split: m -> rank_in_flight_layers (shared)
+    split_replay_caches: list["ReplayMemo"] | None = None  # per split: m -> rank_in_flight_layers (shared)
 
 
 class _TableStageSet(StageSet):
@@ -339,17 +339,55 @@ def unique_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 # none, the head's logits are counted once per stage).
 CHUNK_ACT_COLUMNS = (DENSE, MOE, MTP)
 
-_SPLIT_CACHE: dict[tuple, tuple[np.ndarray, str | None, np.ndarray, np.ndarray, np.ndarray, dict]] = {}
-_SPLIT_CACHE_MAX = 4096
+class Memo(dict):
+    """A dict of numpy results that forgets everything when it would pass ``max_entries`` entries or
+    ``max_bytes`` bytes, and never keeps an entry above a sixteenth of them: the search asks for the
+    same few thousand splits and replays again and again, while a long-lived server must not keep what
+    one request for a 10,000-stage pipeline built (issue 19: that memory was never given back)."""
+
+    def __init__(self, max_entries: int, max_bytes: int):
+        super().__init__()
+        self.max_entries, self.max_bytes, self.bytes = max_entries, max_bytes, 0
+
+    def put(self, key, value, nbytes: int):
+        """Remember ``value`` (``nbytes`` large) under ``key`` if it is small enough; returns ``value``."""
+        if nbytes > self.max_bytes // 16:
+            return value
+        if len(self) >= self.max_entries or self.bytes + nbytes > self.max_bytes:
+            self.clear()
+            self.bytes = 0
+        self[key] = value
+        self.bytes += nbytes
+        return value
+
+
+class ReplayMemo:
+    """One split's ``rank_in_flight_layers`` per micro-batch count, kept in the shared ``_REPLAYS``."""
+
+    _next = 0
+
+    def __init__(self):
+        ReplayMemo._next += 1
+        self.token = ReplayMemo._next
+
+    def get(self, m: int):
+        return _REPLAYS.get((self.token, m))
+
+    def put(self, m: int, table: np.ndarray) -> np.ndarray:
+        return _REPLAYS.put((self.token, m), table, table.nbytes)
+
+
+_SPLIT_CACHE = Memo(4096, 128 << 20)
+_REPLAYS = Memo(16384, 64 << 20)
 
 
 def _split_cached(spec_key: str, spec: ModelSpec, pp: int, vpp: int, first: int, last: int, ae: bool,
                   al: bool, layout: str | None
-                  ) -> tuple[np.ndarray, str | None, np.ndarray, np.ndarray, np.ndarray, dict]:
+                  ) -> tuple[np.ndarray, str | None, np.ndarray, np.ndarray, np.ndarray, "ReplayMemo"]:
     """``split_stages`` (composition, error or None, lowest rank of each distinct composition, the
-    chunks' decoder layers (pp, vpp, 3), whether each rank's chunks are uneven (pp,), and a dict
-    that remembers ``rank_in_flight_layers`` per m), remembered per model and split: a search scores
-    the same few hundred splits chunk after chunk."""
+    chunks' decoder layers (pp, vpp, 3), whether each rank's chunks are uneven (pp,), and the
+    ``ReplayMemo`` of its ``rank_in_flight_layers`` per m), remembered per model and split: a search
+    scores the same few hundred splits chunk after chunk."""
     key = (spec_key, pp, vpp, first, last, ae, al, layout)
     hit = _SPLIT_CACHE.get(key)
     if hit is not None:
@@ -369,10 +407,8 @@ def _split_cached(spec_key: str, spec: ModelSpec, pp: int, vpp: int, first: int,
     candidates = np.fromiter(first_rank.values(), dtype=np.intp, count=len(first_rank))
     for a in (comp, chunk_act, uneven):
         a.flags.writeable = False  # shared between calls
-    if len(_SPLIT_CACHE) >= _SPLIT_CACHE_MAX:
-        _SPLIT_CACHE.clear()
-    _SPLIT_CACHE[key] = hit = (comp, error, candidates, chunk_act, uneven, {})
-    return hit
+    hit = (comp, error, candidates, chunk_act, uneven, ReplayMemo())
+    return _SPLIT_CACHE.put(key, hit, comp.nbytes + candidates.nbytes + chunk_act.nbytes + uneven.nbytes)
 
 
 def stage_sets(spec: ModelSpec, batch: ConfigBatch, all_stages: bool = False) -> StageSet:
@@ -383,7 +419,7 @@ def stage_sets(spec: ModelSpec, batch: ConfigBatch, all_stages: bool = False) ->
     split_comps: list[np.ndarray] = []
     split_chunk_acts: list[np.ndarray] = []
     split_unevens: list[np.ndarray] = []
-    split_replay_caches: list[dict] = []
+    split_replay_caches: list[ReplayMemo] = []
     errors: list[str | None] = []
     spec_key = spec.model_dump_json()
     for pp, vpp, first, last, ae, al, lid in uniq.tolist():
@@ -478,8 +514,23 @@ def schedule_order(pp: int, vpp: int, m: int, rank: int) -> tuple[int, list[int]
     return warmup, table, [vpp - 1 - c for c in table]
 
 
-_ALIVE_CACHE: dict[tuple[int, int, int, int], np.ndarray] = {}
-_ALIVE_CACHE_MAX = 4096
+_ALIVE_CACHE = Memo(4096, 32 << 20)
+
+
+# From 2·pp micro-batches on, one more group of pp adds one more period of the steady 1F1B phase and
+# no new in-flight state (m ≥ pp suffices without interleaving): the warm-up holds fewer than
+# (vpp + 1)·pp forwards and each group of the schedule table is pp micro-batches, so the states of
+# m and m + pp are the same set. tests/test_pipeline_replay.py checks it against the full replay.
+STEADY_FROM_GROUPS = 3  # one group more than the 2 found necessary
+PRUNE_MAX_ROWS = 2048
+
+
+def steady_microbatches(pp: int, m: int) -> int:
+    """A micro-batch count whose schedule holds the same in-flight states as ``m``'s: ``m`` itself up
+    to ``(STEADY_FROM_GROUPS + 1)·pp``, else the same residue mod pp above ``STEADY_FROM_GROUPS·pp``.
+    Without it a replay costs O(m) time and memory: 10^6 micro-batches took 13 s and 180 MB."""
+    floor = STEADY_FROM_GROUPS * max(pp, 1)
+    return m if m < floor + pp else floor + (m - floor) % max(pp, 1)
 
 
 def alive_counts(pp: int, vpp: int, m: int, rank: int) -> np.ndarray:
@@ -488,9 +539,9 @@ def alive_counts(pp: int, vpp: int, m: int, rank: int) -> np.ndarray:
     row q times the chunks' activation bytes of one micro-batch is the bytes held at that moment.
 
     A forward of (chunk, micro-batch) stores its activations until its backward frees them. Rows
-    dominated by another row (no larger anywhere) are dropped: they can never be the peak for
-    non-negative chunk sizes. Pure and remembered per (pp, vpp, m, rank)."""
-    key = (int(pp), int(vpp), int(m), int(rank))
+    dominated by another row (no larger anywhere) are dropped where there are few: they can never be
+    the peak for non-negative chunk sizes. Pure and remembered per (pp, vpp, m, rank)."""
+    key = (int(pp), int(vpp), steady_microbatches(int(pp), int(m)), int(rank))
     hit = _ALIVE_CACHE.get(key)
     if hit is not None:
         return hit
@@ -503,11 +554,12 @@ def alive_counts(pp: int, vpp: int, m: int, rank: int) -> np.ndarray:
     # after forward i: backwards 0..i − W − 1 done (none during the warm-up)
     done = np.arange(len(fwd)) - warmup
     states = started - np.where(done[:, None] > 0, freed[np.maximum(done - 1, 0)], 0)
-    result = _maximal_rows(states)
+    # Interleaved steady states hold the same number of micro-batches in different chunks, so most are
+    # maximal and pruning a long schedule costs O(Q²) for little gain (pp 100 · vpp 50: minutes): past
+    # PRUNE_MAX_ROWS forwards all states are kept, which leaves every peak the same.
+    result = _maximal_rows(states) if len(states) <= PRUNE_MAX_ROWS else states
     result.flags.writeable = False
-    if len(_ALIVE_CACHE) >= _ALIVE_CACHE_MAX:
-        _ALIVE_CACHE.clear()
-    _ALIVE_CACHE[key] = result
+    _ALIVE_CACHE.put(key, result, result.nbytes)
     return result
 
 
@@ -519,16 +571,56 @@ def replay_peak_activation_bytes(pp: int, vpp: int, m: int, rank: int, chunk_byt
     ``chunk_bytes``: for each of the rank's vpp model chunks (chunk k is virtual stage k·pp + rank),
     the activation bytes one micro-batch stores in it. ``m``: micro-batches per step. With equal
     chunks this is ``microbatches_in_flight`` times the stage's bytes of one micro-batch."""
-    counts = alive_counts(pp, vpp, m, rank)
-    return float((counts @ np.asarray(chunk_bytes, dtype=np.float64)).max())
+    chunk_bytes = np.asarray(chunk_bytes, dtype=np.float64)
+    if _forwards(pp, vpp, m) > PRUNE_MAX_ROWS:
+        return float(held_over_time(pp, vpp, m, rank, chunk_bytes[:, None]).max())
+    return float((alive_counts(pp, vpp, m, rank) @ chunk_bytes).max())
+
+
+def _forwards(pp: int, vpp: int, m: int) -> int:
+    """Forwards a rank runs in the replayed schedule."""
+    return max(steady_microbatches(int(pp), int(m)), 1) * int(vpp)
+
+
+def held_over_time(pp: int, vpp: int, m: int, rank: int, chunk_values: np.ndarray) -> np.ndarray:
+    """What rank ``rank`` holds right after each forward of its schedule, summed over the (chunk,
+    micro-batch) pairs alive: an array (Q, C) from ``chunk_values`` (vpp, C), one micro-batch's
+    value of each chunk. ``alive_counts(...) @ chunk_values`` without the (Q, vpp) counts: a long
+    interleaved schedule costs O(Q·C), not O(Q·vpp) (pp 100 · vpp 50 took seconds in cumsums)."""
+    warmup, fwd, bwd = schedule_order(pp, vpp, max(steady_microbatches(int(pp), int(m)), 1), rank)
+    started = np.cumsum(chunk_values[fwd], axis=0)
+    freed = np.cumsum(chunk_values[bwd], axis=0)
+    done = np.arange(len(fwd)) - warmup
+    return started - np.where(done[:, None] > 0, freed[np.maximum(done - 1, 0)], 0)
 
 
 def _maximal_rows(rows: np.ndarray) -> np.ndarray:
-    """The distinct rows of ``rows`` that no other row dominates (≥ everywhere, > somewhere)."""
-    rows = np.unique(rows, axis=0)
-    keep = [q for q in range(len(rows))
-            if not ((rows >= rows[q]).all(axis=1) & (rows != rows[q]).any(axis=1)).any()]
-    return rows[keep]
+    """The distinct rows of ``rows`` that no other row dominates (≥ everywhere, > somewhere), in
+    ``np.unique`` order.
+
+    With at most two varying columns, a staircase: by falling x (then falling y) a row is maximal iff
+    its y beats every row before it. Otherwise rows are visited by falling sum (a distinct row can
+    only be dominated by one of larger sum, and domination is transitive) and each is checked against
+    the maximal rows kept so far: O(Q·K) for Q rows of which K are maximal, not O(Q²)."""
+    if len(rows) == 0 or rows.shape[1] == 0 or rows.dtype.kind not in "iu":
+        rows = np.unique(rows, axis=0)
+    else:  # packed into one integer per row: np.unique sorts rows as bytes, seconds for long replays
+        rows = unique_rows(list(rows.T))[0]
+    if len(rows) <= 1:
+        return rows
+    varying = np.flatnonzero(rows.max(axis=0) != rows.min(axis=0))
+    if len(varying) == 1:
+        return rows[[int(rows[:, varying[0]].argmax())]]
+    if len(varying) == 2:
+        x, y = rows[:, varying[0]], rows[:, varying[1]]
+        order = np.lexsort((-y, -x))
+        best_before = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], y[order][:-1])))
+        return rows[np.sort(order[y[order] > best_before])]
+    kept: list[int] = []
+    for q in np.argsort(-rows.sum(axis=1), kind="stable").tolist():
+        if not kept or not (rows[kept] >= rows[q]).all(axis=1).any():
+            kept.append(q)
+    return rows[np.sort(kept)]
 
 
 def _hull_rows(rows: np.ndarray) -> np.ndarray:
@@ -557,7 +649,7 @@ def _hull_rows(rows: np.ndarray) -> np.ndarray:
     return rows[hull]
 
 
-_LAYERS_CACHE: dict[tuple, np.ndarray] = {}
+_LAYERS_CACHE = Memo(4096, 32 << 20)
 
 
 def in_flight_layers(pp: int, vpp: int, m: int, rank: int, chunk_layers: np.ndarray) -> np.ndarray:
@@ -567,14 +659,15 @@ def in_flight_layers(pp: int, vpp: int, m: int, rank: int, chunk_layers: np.ndar
     (C kinds, e.g. ``CHUNK_ACT_COLUMNS``). The peak bytes are max over rows of (row · bytes of one
     layer of each kind) when a chunk's bytes are its layers' sum. Pure, remembered per argument."""
     chunk_layers = np.asarray(chunk_layers, dtype=np.int64)
-    key = (int(pp), int(vpp), max(int(m), 1), int(rank), chunk_layers.shape, chunk_layers.tobytes())
+    key = (int(pp), int(vpp), max(steady_microbatches(int(pp), int(m)), 1), int(rank), chunk_layers.shape,
+           chunk_layers.tobytes())
     hit = _LAYERS_CACHE.get(key)
     if hit is None:
-        hit = _hull_rows(alive_counts(pp, vpp, m, rank) @ chunk_layers)
+        held = held_over_time(pp, vpp, m, rank, chunk_layers) if _forwards(pp, vpp, m) > PRUNE_MAX_ROWS \
+            else alive_counts(pp, vpp, m, rank) @ chunk_layers  # the same rows, pruned and shared
+        hit = _hull_rows(held)
         hit.flags.writeable = False
-        if len(_LAYERS_CACHE) >= _ALIVE_CACHE_MAX:
-            _LAYERS_CACHE.clear()
-        _LAYERS_CACHE[key] = hit
+        _LAYERS_CACHE.put(key, hit, hit.nbytes)
     return hit
 
 

@@ -1,5 +1,6 @@
 """Issue 19 over real HTTP (`paraplan serve` on loopback): a burst of one Idempotency-Key, database
-errors as 503, liveness apart from readiness, DELETE of a running job, degenerate profiles.
+errors as 503, liveness apart from readiness, DELETE of a running job, degenerate profiles, the
+biggest evaluates at once under a memory bound.
 
 The bursts are sent with raw asyncio streams (a few microseconds of client CPU per request), so that what
 is measured is the server, not an HTTP client sharing the two cores with it."""
@@ -414,4 +415,73 @@ def test_a_20_s_database_outage_mid_job_on_3_workers_ends_succeeded_with_its_tri
     finally:
         for w in workers:
             w.stop()
+        server.stop()
+
+
+# A model at every upper bound of app/formats/bounds.py (MLA left out: its dimensions replace the heads'),
+# on 1,000,000 devices: a 10,000-stage pipeline, and 100 stages of 50 uneven chunks each, which replays
+# the 1F1B schedule of every rank over ~10^5 micro-batches.
+BIGGEST_SPEC = {**{k: v for k, v in __import__("app.formats.bounds", fromlist=["SPEC_CAPS"]).SPEC_CAPS.items()
+                   if k not in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")},
+                "name": "at-every-bound", "moe_layer_freq": 1}
+BIGGEST_EVALUATES = [
+    {"model": BIGGEST_SPEC, "cluster": "nvidia-h100-80gb", "devices": 1_000_000,
+     "config": {"tp": 1, "pp": 10_000, "micro_batch_size": 1, "global_batch_size": 100_000_000}},
+    {"model": BIGGEST_SPEC, "cluster": "nvidia-h100-80gb", "devices": 1_000_000,
+     "config": {"tp": 8, "pp": 100, "vpp": 50, "first_stage_layers": 149, "last_stage_layers": 149,
+                "micro_batch_size": 1, "global_batch_size": 100_000_000 // 1250 * 1250}},
+]
+MEMORY_BOUND_MIB = 512  # README, "Heavy evaluates": the API process stays under this resident
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), MiB."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_forty_biggest_evaluates_at_once_leave_the_server_alive_and_bounded(tmp_path):
+    """40 concurrent evaluates of the biggest inputs the bounds allow (one used to cost ~600 MB and 40 of
+    them 21 GB, until the kernel killed the server): each is answered 200 with its result, or 503 with
+    Retry-After when it found no turn in time; liveness and a small evaluate answer meanwhile; the
+    server's peak resident memory stays under the documented bound."""
+    server = Server(tmp_path / "heavy.db", tmp_path / "heavy.log", "--no-worker").start()
+    try:
+        light = {"model": "tiny-dense", "cluster": "nvidia-h100-80gb", "devices": 8,
+                 "config": {"tp": 2, "pp": 1, "micro_batch_size": 1, "global_batch_size": 8}}
+
+        async def burst():
+            heavy = [asyncio.create_task(raw_request(server.port, "POST", "/v1/evaluate", BIGGEST_EVALUATES[i % 2]))
+                     for i in range(40)]
+            await asyncio.sleep(0.5)
+            probes = []
+            while not all(t.done() for t in heavy):
+                for path, body in (("/healthz", None), ("/v1/evaluate", light)):
+                    started = time.monotonic()
+                    status, _, _ = await raw_request(server.port, "GET" if body is None else "POST", path, body)
+                    probes.append((path, status, time.monotonic() - started))
+                await asyncio.sleep(0.2)
+            return await asyncio.gather(*heavy), probes
+
+        answers, probes = asyncio.run(burst())
+        assert server.proc.poll() is None, server.log()[-3000:]
+        for status, headers, content in answers:
+            assert status in (200, 503), content[:500]
+            if status == 200:
+                body = json.loads(content)
+                assert body["feasible"] is False and body["infeasible_reasons"][0]["code"] == "oom"
+                assert body["step_time_s"] > 0
+            else:
+                assert "retry-after" in headers and json.loads(content)["detail"][0]["type"] == "busy"
+        assert sum(a[0] == 200 for a in answers) >= 20, [a[0] for a in answers]
+        assert probes, "the burst ended before a probe was sent"
+        for path, status, seconds in probes:
+            assert status == 200 and seconds < 1.0, (path, status, seconds)
+        peak = _peak_rss_mib(server.proc.pid)
+        print(f"peak RSS {peak:.0f} MiB; {sum(a[0] == 200 for a in answers)} of 40 answered 200; "
+              f"slowest probe {max(p[2] for p in probes):.3f} s")
+        assert peak < MEMORY_BOUND_MIB
+    finally:
         server.stop()

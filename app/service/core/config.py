@@ -51,6 +51,13 @@ class Settings(BaseSettings):
     ready_timeout_s: float = Field(2.0, gt=0, le=60, description="/readyz answers not ready when the database "
                                                                  "does not answer `SELECT 1` within this.")
 
+    # Heavy evaluates (issue 19): a deep pipeline's evaluate (more than 256 virtual stages) costs up to a few
+    # seconds of CPU and tens of MB; so many at once run that the API's memory stays bounded, the rest wait.
+    max_heavy_evaluates: int = Field(2, ge=1, le=64, description="`POST /v1/evaluate` requests of more than 256 "
+                                                                 "virtual stages scored at once; others wait.")
+    heavy_wait_s: float = Field(30.0, gt=0, le=600, description="Longest wait of a heavy evaluate for its turn; "
+                                                                "after it, 503 with Retry-After.")
+
     # Worker.
     lease_s: float = Field(15.0, gt=1, description="A worker's lease on a running job, renewed every half second; "
                                                    "when a worker dies another takes the job this long after.")
