@@ -485,3 +485,26 @@ def test_forty_biggest_evaluates_at_once_leave_the_server_alive_and_bounded(tmp_
         assert peak < MEMORY_BOUND_MIB
     finally:
         server.stop()
+
+
+def test_a_heavy_evaluate_that_finds_no_turn_is_503_busy_with_retry_after(tmp_path):
+    """One turn and a 10 ms wait: of 6 deep evaluates sent at once, the ones that find the turn taken
+    answer 503 ``busy`` with Retry-After, the others their result; none is a 500."""
+    server = Server(tmp_path / "turns.db", tmp_path / "turns.log", "--no-worker",
+                    env={"PARAPLAN_MAX_HEAVY_EVALUATES": "1", "PARAPLAN_HEAVY_WAIT_S": "0.01"}).start()
+    try:
+        async def burst():
+            return await asyncio.gather(*(raw_request(server.port, "POST", "/v1/evaluate", BIGGEST_EVALUATES[1])
+                                          for _ in range(6)))
+
+        answers = asyncio.run(burst())
+        statuses = sorted(a[0] for a in answers)
+        assert statuses[0] == 200 and statuses[-1] == 503, statuses
+        assert set(statuses) == {200, 503}
+        for status, headers, content in answers:
+            if status == 503:
+                detail = json.loads(content)["detail"][0]
+                assert headers["retry-after"] == "5" and detail["type"] == "busy"
+                assert detail["loc"] == ["body", "config"] and "virtual stages" in detail["msg"]
+    finally:
+        server.stop()
