@@ -1,8 +1,9 @@
 """The job worker: claims a job under a lease, runs its search, writes the result.
 
 * Claim: one transaction that locks candidate jobs with ``SELECT … FOR UPDATE SKIP LOCKED`` (on
-  PostgreSQL; SQLite serialises writers anyway), picks the oldest job that is queued, or running with
-  fewer live leases than its ``search.parallel_workers``, inserts this worker's row in ``job_leases``
+  PostgreSQL; SQLite serialises writers anyway), picks, for the API key holding the fewest workers
+  (``fair_share``: keys at their caps passed over), a job of it that is running with fewer live leases
+  than its ``search.parallel_workers``, or else its oldest queued one, inserts this worker's row in ``job_leases``
   (expiring ``lease_s`` from now) and bumps ``jobs.attempts`` conditionally on the value it read, so
   that two claimers can never both win. Leases that ran out (their worker died), or whose worker is a
   dead process on this host, are dropped on the way and counted in ``jobs.leases_lost``; after
@@ -18,6 +19,9 @@
 * At the end the status, the summary and the ranked configs are written in one transaction, only by a
   worker that still holds a lease on the still-running job: the first finisher writes, the others
   find the job finished.
+* Every ``FAIR_LOOK_S`` a worker of a job that others share asks ``fair_share.should_yield``; when
+  another key's job has waited and this key holds two workers more, it leaves the job to the others
+  (its lease dropped, the trial it was running run again) and claims anew, the least served key first.
 * A worker asked to stop (SIGTERM) stops at its next progress call and drops its lease; a job left
   with no worker goes back to ``queued`` (its study is kept): nothing accepted is ever lost.
 """
@@ -37,6 +41,7 @@ import uuid
 from sqlalchemy import case, delete, exists, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.service import fair_share
 from app.service.core.config import Settings, get_settings
 from app.service.db.engine import get_sessionmaker, safe_url
 from app.service.db.models import Job, JobConfig, JobLease, utcnow
@@ -44,7 +49,9 @@ from app.service.services.studies import optuna_storage, study_name
 from costmodel import ClusterProfile, ModelSpec
 
 log = logging.getLogger("paraplan.worker")
-CLAIM_CANDIDATES = 50  # jobs looked at per claim and status (locked and skipped by the others on PostgreSQL)
+CLAIM_CANDIDATES = 50  # jobs looked at per key and status (locked and skipped by the others on PostgreSQL)
+CLAIM_KEYS = 20  # keys looked at per claim, the least served first
+FAIR_LOOK_S = 2.0  # how often a running job's worker asks whether another key waits for it (fair_share)
 TRANSIENT_BACKOFF_S = 5.0  # pause after a database error took a running job away
 
 
@@ -54,6 +61,10 @@ class Cancelled(Exception):
 
 class Interrupted(Exception):
     """The worker is stopping; the job goes back to the queue."""
+
+
+class Yielded(Exception):
+    """The worker leaves a job that other workers share, for another key's waiting job (fair_share)."""
 
 
 def _job_update(*where):
@@ -149,26 +160,42 @@ class Worker:
         return host == self.host and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))
 
     def claim(self) -> str | None:
-        """Claim the first claimable job (running jobs that want more workers first, then the oldest
-        queued); None when there is none."""
+        """Claim a job, fairly across API keys (``app/service/fair_share.py``): the key holding the fewest
+        live leases first, within a key its running jobs that want more workers, then its oldest queued
+        job; keys at their caps are passed over. None when nothing is claimable."""
         now = utcnow()
         with self._sessions() as db:
-            # Running jobs and queued ones are looked at apart: running jobs that are full must not hide
-            # the queue from every claimer.
-            rows = [row for status in ("running", "queued") for row in db.execute(
-                select(Job.id, Job.status, Job.search, Job.attempts, Job.leases_lost)
-                .where(Job.status == status).order_by(Job.created_at).limit(CLAIM_CANDIDATES)
-                .with_for_update(skip_locked=True)).all()]
-            running = [r.id for r in rows if r.status == "running"]
-            leases: dict[str, list[JobLease]] = {}
-            if running:
-                for lease in db.scalars(select(JobLease).where(JobLease.job_id.in_(running))):
-                    leases.setdefault(lease.job_id, []).append(lease)
-            for row in rows:
-                if self._try_claim(db, row, leases.get(row.id, []), now):
+            loads = fair_share.key_loads(db, now)
+            for key in fair_share.claim_order(db, loads, CLAIM_KEYS):
+                load = loads.get(key, fair_share.KeyLoad())
+                if not fair_share.may_take_worker(load, self.settings):
+                    continue
+                job_id = self._claim_of_key(db, key, fair_share.may_start_job(load, self.settings), now)
+                if job_id is not None:
                     db.commit()
-                    return row.id
+                    return job_id
             db.commit()  # lost leases dropped and given-up jobs failed on the way; row locks released
+        return None
+
+    def _claim_of_key(self, db, key: str, may_start: bool, now: dt.datetime) -> str | None:
+        """Claim one of ``key``'s jobs in the open transaction: a running one that wants more workers, or
+        (``may_start``) its oldest queued one."""
+        # Running jobs and queued ones are looked at apart: running jobs that are full must not hide
+        # the queue from every claimer.
+        rows = [row for status in ("running", "queued") for row in db.execute(
+            select(Job.id, Job.status, Job.search, Job.attempts, Job.leases_lost)
+            .where(Job.owner == key, Job.status == status).order_by(Job.created_at).limit(CLAIM_CANDIDATES)
+            .with_for_update(skip_locked=True)).all()]
+        running = [r.id for r in rows if r.status == "running"]
+        leases: dict[str, list[JobLease]] = {}
+        if running:
+            for lease in db.scalars(select(JobLease).where(JobLease.job_id.in_(running))):
+                leases.setdefault(lease.job_id, []).append(lease)
+        for row in rows:
+            if row.status == "queued" and not may_start:
+                break
+            if self._try_claim(db, row, leases.get(row.id, []), now):
+                return row.id
         return None
 
     def _try_claim(self, db, row, leases: list[JobLease], now: dt.datetime) -> bool:
@@ -207,6 +234,12 @@ class Worker:
         return True
 
     # ---- running one job ------------------------------------------------------------------------
+    def _should_yield(self, job_id: str) -> bool:
+        with self._sessions() as db:
+            leave = fair_share.should_yield(db, job_id, self.owner, self.settings, utcnow())
+            db.commit()
+        return leave
+
     def _holds_lease(self, job_id: str):
         return exists().where(JobLease.job_id == job_id, JobLease.worker == self.owner)
 
@@ -233,17 +266,22 @@ class Worker:
             self.current = None
             return "cancelled"
         progress = {"done": 0, "total": int(job.trials_total or 0)}
-        lost = threading.Event()
+        lost, leave = threading.Event(), threading.Event()
         beat_stop = threading.Event()
 
         def heartbeat() -> None:
             interval, renewed = min(0.5, self.settings.progress_s), time.monotonic()
+            looked = time.monotonic()
             while not beat_stop.wait(interval):
                 try:
                     if not self._renew(job_id, min(progress["done"], progress["total"]), progress["total"]):
                         lost.set()
                         return
                     renewed = time.monotonic()
+                    if renewed - looked >= FAIR_LOOK_S:
+                        looked = renewed
+                        if self._should_yield(job_id):
+                            leave.set()
                 except Exception as exc:  # noqa: BLE001 - busy or unreachable database: try again at the next beat
                     log.warning("job %s: lease renewal failed (%s)", job_id, str(exc).splitlines()[0])
                     if time.monotonic() - renewed > self.settings.lease_s:  # others may have taken the job
@@ -255,6 +293,8 @@ class Worker:
                 raise Cancelled()
             if self.stop_event.is_set():
                 raise Interrupted()
+            if leave.is_set():
+                raise Yielded()
 
         def on_progress(done: int, total: int) -> None:
             progress["done"], progress["total"] = int(done), int(total)
@@ -277,6 +317,10 @@ class Worker:
             self._release(job_id)
             log.info("job %s: worker stopping; lease released", job_id)
             return "queued"
+        except Yielded:
+            self._release(job_id)
+            log.info("job %s: left to its other workers for another key's waiting job (fair share)", job_id)
+            return "yielded"
         except Exception as exc:  # noqa: BLE001 - a failed job records why
             if _transient(exc):  # the database, not the job: leave it to this or another worker, later
                 log.warning("job %s: database error while running (%s); lease released, retrying later", job_id,

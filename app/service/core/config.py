@@ -71,6 +71,13 @@ class Settings(BaseSettings):
                                                    "in one look count once: a database outage is one loss).")
     embedded_worker: bool = Field(True, description="`paraplan serve` runs a worker thread beside the API.")
 
+    # Fair shares across API keys (issue 19; app/service/fair_share.py).
+    max_workers_per_key: int = Field(0, ge=0, description="Workers one API key's jobs hold at once (0: no cap).")
+    max_running_jobs_per_key: int = Field(0, ge=0, description="Jobs of one API key running at once (0: no cap).")
+    fair_yield_s: float = Field(3.0, gt=0, le=3600, description="A queued job of another key that has waited this "
+                                                                "long takes a worker from a key holding at least "
+                                                                "two more (the worker leaves a shared job).")
+
     @property
     def pool_size(self) -> int:
         """Connections in the service engine's pool: one per API thread, one for the routes on the event
