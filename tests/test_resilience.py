@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
+from pathlib import Path
 
 import pytest
 
-from service_util import TINY_JOB, Server
+from service_util import TINY_JOB, Server, wait_for
 
 BURST = 200
 
@@ -508,3 +510,55 @@ def test_a_heavy_evaluate_that_finds_no_turn_is_503_busy_with_retry_after(tmp_pa
                 assert detail["loc"] == ["body", "config"] and "virtual stages" in detail["msg"]
     finally:
         server.stop()
+
+
+def _damage(path, how: str) -> None:
+    """Overwrite pages of a SQLite file: its header (``header``), the pages after the first (``pages``), or
+    those of the file's second half (``data``)."""
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # every page in the main file
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.close()
+    with open(path, "r+b") as f:
+        if how == "header":
+            f.write(b"this is no longer a SQLite file")
+        else:  # the schema's pages (from page 2), or the tables' and indexes' (the second half)
+            for page in range(2, max(3, pages // 2)) if how == "pages" else range(pages // 2, pages - 1):
+                f.seek(page * page_size + 8)
+                f.write(bytes(range(256)) * 4)
+
+
+@pytest.mark.parametrize("how", ["pages", "data", "header"])
+def test_a_damaged_sqlite_file_is_refused_at_start(tmp_path, how):
+    """A file with overwritten pages used to be served as healthy: `serve` and `worker` now run SQLite's
+    quick check first and exit 1 naming the file and what was found, without a traceback."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    db = tmp_path / "jobs.db"
+    server = Server(db, tmp_path / "first.log").start()
+    try:
+        with server.client() as c:
+            job = c.post("/v1/jobs", json=TINY_JOB).json()
+            assert wait_for(c, job["id"])["status"] == "succeeded"
+    finally:
+        server.stop()
+    _damage(db, how)
+    try:
+        found = sqlite3.connect(db).execute("PRAGMA quick_check").fetchone()[0]
+    except sqlite3.DatabaseError as exc:
+        found = str(exc)
+    assert found != "ok"  # damaged indeed
+    before = db.read_bytes()
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{db}"}
+    for command in (["serve", "--port", "0"], ["worker"]):
+        run = subprocess.run([sys.executable, "-m", "app.cli", *command], env=env, capture_output=True, text=True,
+                             timeout=60, cwd=Path(__file__).resolve().parents[1])
+        assert run.returncode == 1, (command, run.stdout[-2000:], run.stderr[-2000:])
+        assert f"the database file {db} is damaged" in run.stderr and "restore it from a backup" in run.stderr
+        assert "Traceback" not in run.stderr + run.stdout
+    assert db.read_bytes() == before  # looked at, never written

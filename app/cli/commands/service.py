@@ -1,7 +1,7 @@
 """``paraplan serve`` (the HTTP API with an embedded worker) and ``paraplan worker`` (a worker alone).
 
-Both read ``DATABASE_URL`` (default ``sqlite:///./paraplan.db``) and upgrade the database to the newest
-schema on start. Both log to stderr, one JSON object per line by default (``--log-format text`` for
+Both read ``DATABASE_URL`` (default ``sqlite:///./paraplan.db``), refuse a damaged SQLite file (exit 1,
+``app/service/db/integrity.py``) and upgrade the database to the newest schema on start. Both log to stderr, one JSON object per line by default (``--log-format text`` for
 people); uvicorn's own lines go through the same handler. Heavy imports happen inside the commands so
 that ``paraplan evaluate`` stays fast.
 """
@@ -31,6 +31,17 @@ def _settings():
         sys.exit(2)
 
 
+def _check_database(url: str) -> None:
+    """Refuse to start on a damaged SQLite file (exit 1 with what SQLite found)."""
+    from app.service.db.integrity import DatabaseDamaged, check_sqlite_file
+
+    try:
+        check_sqlite_file(url)
+    except DatabaseDamaged as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
@@ -50,6 +61,7 @@ def serve(host, port, no_worker, access_log, log_level, log_format) -> None:
 
     configure_logging(log_level, log_format)
     settings = _settings()
+    _check_database(settings.database_url)
     app = create_app(settings, run_worker=settings.embedded_worker and not no_worker)
     # log_config=None: uvicorn keeps its hands off logging, and its loggers propagate to our handler
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log, log_config=None,
@@ -68,6 +80,7 @@ def worker(log_level, log_format) -> None:
 
     configure_logging(log_level, log_format)
     settings = _settings()
+    _check_database(settings.database_url)
     upgrade(settings.database_url)
     w = Worker(settings)
 
