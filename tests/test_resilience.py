@@ -562,3 +562,39 @@ def test_a_damaged_sqlite_file_is_refused_at_start(tmp_path, how):
         assert f"the database file {db} is damaged" in run.stderr and "restore it from a backup" in run.stderr
         assert "Traceback" not in run.stderr + run.stdout
     assert db.read_bytes() == before  # looked at, never written
+
+
+@pytest.mark.parametrize("database_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
+                         indirect=True)
+def test_a_second_keys_job_starts_while_the_first_keys_big_job_runs(database_url, tmp_path):
+    """Key A's `parallel_workers: 64` job takes both workers (the server's and a `paraplan worker`);
+    key B's small job, submitted then, succeeds within seconds while A's job keeps running (a worker
+    leaves A's shared job for it), and A's job goes on to more trials afterwards."""
+    from service_util import PANGU_JOB, WorkerProcess
+
+    keys = {"PARAPLAN_API_KEYS": "key-a-0123456789,key-b-0123456789", "PARAPLAN_FAIR_YIELD_S": "1"}
+    a, b = ({"Authorization": f"Bearer key-{k}-0123456789"} for k in "ab")
+    server = Server(database_url, tmp_path / "server.log", env=keys).start()
+    worker = WorkerProcess(database_url, tmp_path / "worker.log", env=keys).wait_started()
+    try:
+        with server.client() as c:
+            big = c.post("/v1/jobs", headers=a, json={**PANGU_JOB, "search": {
+                "sampler": "tpe", "n_trials": 5000, "seed": 11, "parallel_workers": 64}}).json()["id"]
+            with server.client(headers=a) as ca:
+                wait_for(ca, big, until=lambda j: j["progress"]["trials_done"] >= 20, timeout=120)
+            with server.client(headers=b) as cb:
+                small = cb.post("/v1/jobs", json=TINY_JOB).json()["id"]
+                submitted = time.monotonic()
+                assert wait_for(cb, small, timeout=90)["status"] == "succeeded"
+                took = time.monotonic() - submitted
+            job = c.get(f"/v1/jobs/{big}", headers=a).json()
+            assert job["status"] == "running", job
+            at_b_done = job["progress"]["trials_done"]
+            with server.client(headers=a) as ca:
+                wait_for(ca, big, until=lambda j: j["progress"]["trials_done"] > at_b_done + 10, timeout=120)
+                ca.post(f"/v1/jobs/{big}/cancel")
+        assert took < 60, took
+        assert "left to its other workers for another key's waiting job" in server.log() + worker.log()
+    finally:
+        worker.stop()
+        server.stop()
