@@ -1,7 +1,10 @@
-"""Helpers of the service tests: a real `paraplan serve` on a free loopback port, and small job bodies."""
+"""Helpers of the service tests and benchmarks: a real `paraplan serve` on a free loopback port, workers,
+job bodies, raw HTTP requests for bursts, a database outage, and the biggest inputs the bounds allow."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import socket
@@ -11,6 +14,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from app.formats.bounds import SPEC_CAPS
 
 ROOT = Path(__file__).resolve().parents[1]
 HEALTHY_WITHIN_S = 10.0
@@ -192,3 +197,61 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+async def raw_request(port: int, method: str, path: str, body: dict | None = None,
+                      headers: dict | None = None) -> tuple[int, dict, bytes]:
+    """One HTTP/1.1 request on a new connection; (status, headers, body)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        payload = json.dumps(body).encode() if body is not None else b""
+        head = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close",
+                f"Content-Length: {len(payload)}", "Content-Type: application/json",
+                *(f"{k}: {v}" for k, v in (headers or {}).items())]
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+        await writer.drain()
+        data = await reader.read()
+    finally:
+        writer.close()
+    head, _, content = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), fields, content
+
+
+def set_connections(admin_url: str, database: str, allow: bool) -> None:
+    """Let nobody connect to ``database`` and end its sessions (an outage of that database), or let
+    connections in again."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {"true" if allow else "false"}'))
+        if not allow:
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"),
+                         {"d": database})
+    engine.dispose()
+
+
+# A model at every upper bound of app/formats/bounds.py (MLA left out: its dimensions replace the heads'),
+# on 1,000,000 devices: a 10,000-stage pipeline, and 100 stages of 50 uneven chunks each, which replays
+# the 1F1B schedule of every rank over ~10^5 micro-batches.
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+BIGGEST_SPEC = {**{k: v for k, v in SPEC_CAPS.items() if k not in MLA_FIELDS},
+                "name": "at-every-bound", "moe_layer_freq": 1}
+BIGGEST_EVALUATES = [
+    {"model": BIGGEST_SPEC, "cluster": "nvidia-h100-80gb", "devices": 1_000_000,
+     "config": {"tp": 1, "pp": 10_000, "micro_batch_size": 1, "global_batch_size": 100_000_000}},
+    {"model": BIGGEST_SPEC, "cluster": "nvidia-h100-80gb", "devices": 1_000_000,
+     "config": {"tp": 8, "pp": 100, "vpp": 50, "first_stage_layers": 149, "last_stage_layers": 149,
+                "micro_batch_size": 1, "global_batch_size": 100_000_000 // 1250 * 1250}},
+]
+MEMORY_BOUND_MIB = 512  # README, "Heavy evaluates": the API process stays under this resident
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), MiB."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")

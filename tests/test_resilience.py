@@ -15,29 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from service_util import TINY_JOB, Server, wait_for
+from service_util import (BIGGEST_EVALUATES, MEMORY_BOUND_MIB, TINY_JOB, Server, peak_rss_mib, raw_request,
+                          set_connections, wait_for)
 
 BURST = 200
-
-
-async def raw_request(port: int, method: str, path: str, body: dict | None = None,
-                      headers: dict | None = None) -> tuple[int, dict, bytes]:
-    """One HTTP/1.1 request on a new connection; (status, headers, body)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        payload = json.dumps(body).encode() if body is not None else b""
-        head = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close",
-                f"Content-Length: {len(payload)}", "Content-Type: application/json",
-                *(f"{k}: {v}" for k, v in (headers or {}).items())]
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
-        await writer.drain()
-        data = await reader.read()
-    finally:
-        writer.close()
-    head, _, content = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    fields = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    return int(lines[0].split()[1]), fields, content
 
 
 @pytest.mark.parametrize("database_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
@@ -132,20 +113,6 @@ def keep_alive_pair(port: int, first: str, second: str) -> list[tuple[int, dict,
     return answers
 
 
-def _set_connections(admin_url: str, database: str, allow: bool) -> None:
-    """Let nobody connect to ``database`` and end its sessions (an outage of that database), or let
-    connections in again."""
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {"true" if allow else "false"}'))
-        if not allow:
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"),
-                         {"d": database})
-    engine.dispose()
-
-
 EVALUATE = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 8,
             "config": {"tp": 2, "pp": 1, "ep": 2, "micro_batch_size": 1, "global_batch_size": 64}}
 
@@ -167,7 +134,7 @@ def test_database_outage_is_503_with_retry_after_on_a_kept_connection(postgres_u
         with server.client() as c:
             job = c.post("/v1/jobs", json=TINY_JOB).raise_for_status().json()
             assert c.get("/readyz").json()["status"] == "ready"
-        _set_connections(admin, database, allow=False)
+        set_connections(admin, database, allow=False)
         try:
             started = time.monotonic()
             answers = keep_alive_pair(server.port, f"/v1/jobs/{job['id']}", "/v1/jobs")
@@ -185,7 +152,7 @@ def test_database_outage_is_503_with_retry_after_on_a_kept_connection(postgres_u
                 assert c.delete(f"/v1/jobs/{job['id']}").status_code == 503
             outage_s = time.monotonic() - started
         finally:
-            _set_connections(admin, database, allow=True)
+            set_connections(admin, database, allow=True)
         with httpx.Client(base_url=server.url, timeout=30) as c:
             assert c.get("/readyz").status_code == 200
             assert c.get(f"/v1/jobs/{job['id']}").json()["id"] == job["id"]
@@ -405,9 +372,9 @@ def test_a_20_s_database_outage_mid_job_on_3_workers_ends_succeeded_with_its_tri
         with server.client() as c:
             job = c.post("/v1/jobs", json=body).raise_for_status().json()
             wait_for(c, job["id"], until=lambda j: j["progress"]["trials_done"] >= 40, timeout=180)
-            _set_connections(admin, database, allow=False)
+            set_connections(admin, database, allow=False)
             time.sleep(OUTAGE_S)
-            _set_connections(admin, database, allow=True)
+            set_connections(admin, database, allow=True)
             done = wait_for(c, job["id"], timeout=300)
         assert done["status"] == "succeeded", done["error"]
         assert done["progress"] == {"trials_done": n_trials, "trials_total": n_trials}
@@ -418,30 +385,6 @@ def test_a_20_s_database_outage_mid_job_on_3_workers_ends_succeeded_with_its_tri
         for w in workers:
             w.stop()
         server.stop()
-
-
-# A model at every upper bound of app/formats/bounds.py (MLA left out: its dimensions replace the heads'),
-# on 1,000,000 devices: a 10,000-stage pipeline, and 100 stages of 50 uneven chunks each, which replays
-# the 1F1B schedule of every rank over ~10^5 micro-batches.
-BIGGEST_SPEC = {**{k: v for k, v in __import__("app.formats.bounds", fromlist=["SPEC_CAPS"]).SPEC_CAPS.items()
-                   if k not in ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")},
-                "name": "at-every-bound", "moe_layer_freq": 1}
-BIGGEST_EVALUATES = [
-    {"model": BIGGEST_SPEC, "cluster": "nvidia-h100-80gb", "devices": 1_000_000,
-     "config": {"tp": 1, "pp": 10_000, "micro_batch_size": 1, "global_batch_size": 100_000_000}},
-    {"model": BIGGEST_SPEC, "cluster": "nvidia-h100-80gb", "devices": 1_000_000,
-     "config": {"tp": 8, "pp": 100, "vpp": 50, "first_stage_layers": 149, "last_stage_layers": 149,
-                "micro_batch_size": 1, "global_batch_size": 100_000_000 // 1250 * 1250}},
-]
-MEMORY_BOUND_MIB = 512  # README, "Heavy evaluates": the API process stays under this resident
-
-
-def _peak_rss_mib(pid: int) -> float:
-    """The process's peak resident memory so far (VmHWM), MiB."""
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM")
 
 
 def test_forty_biggest_evaluates_at_once_leave_the_server_alive_and_bounded(tmp_path):
@@ -481,7 +424,7 @@ def test_forty_biggest_evaluates_at_once_leave_the_server_alive_and_bounded(tmp_
         assert probes, "the burst ended before a probe was sent"
         for path, status, seconds in probes:
             assert status == 200 and seconds < 1.0, (path, status, seconds)
-        peak = _peak_rss_mib(server.proc.pid)
+        peak = peak_rss_mib(server.proc.pid)
         print(f"peak RSS {peak:.0f} MiB; {sum(a[0] == 200 for a in answers)} of 40 answered 200; "
               f"slowest probe {max(p[2] for p in probes):.3f} s")
         assert peak < MEMORY_BOUND_MIB
