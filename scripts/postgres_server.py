@@ -20,6 +20,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -63,6 +64,13 @@ def _ensure_user() -> str | None:
     return PG_USER
 
 
+def _ppid(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class PostgresServer:
     """``with PostgresServer() as pg: pg.url`` — a running server for the ``with`` block."""
 
@@ -92,9 +100,38 @@ class PostgresServer:
                    f"-c max_connections={self.max_connections}"]
         if not self.durable:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", " ".join(options),
-                  "-w", "-t", str(START_TIMEOUT_S), "start")
+        self._options = " ".join(options)
+        self._pg_ctl_start()
         return self
+
+    def _pg_ctl_start(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", self._options,
+                  "-w", "-t", str(START_TIMEOUT_S), "start")
+
+    def restart(self, down_s: float) -> None:
+        """Stop the server (fast shutdown: sessions are ended), keep it down ``down_s`` seconds, start it
+        again on the same port and data."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        time.sleep(down_s)
+        self._pg_ctl_start()
+
+    def _pids(self) -> list[int]:
+        """The postmaster and its children (backends, checkpointer, ...)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == postmaster]
+        return [postmaster, *children]
+
+    def freeze(self) -> None:
+        """SIGSTOP the server and every one of its processes: connections stay open and nothing answers
+        (a frozen database, not a refused one)."""
+        for pid in self._pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in self._pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def stop(self) -> None:
         with contextlib.suppress(subprocess.CalledProcessError, FileNotFoundError):
