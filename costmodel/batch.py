@@ -25,12 +25,16 @@ DEFAULT_MOE_LOAD_IMBALANCE = 1.15
 NO_VALUE = -1  # integer columns use -1 for "not set"
 CP_COMM_CODES = {"p2p": 0, "a2a": 1, "allgather": 2, "a2a+p2p": 3}
 SHARDING_CODES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+# Pipeline schedules: Megatron-Core's 1F1B (vpp 1) and interleaved 1F1B (vpp > 1) share code 0, since
+# vpp tells them apart; DeepSeek's DualPipe and the V-shaped DualPipeV place two chunks on each rank.
+SCHEDULE_CODES = {"1f1b": 0, "interleaved": 0, "dualpipe": 1, "dualpipev": 2}
+DUALPIPE, DUALPIPEV = SCHEDULE_CODES["dualpipe"], SCHEDULE_CODES["dualpipev"]
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 # Columns added after the first release; a batch built without them (the search's own arrays) gets
 # TrainingConfig's defaults for them (see ``__post_init__``), so a new field never changes what an
 # older caller scores.
 _LATER_COLUMNS = ("moe_a2a_hierarchical", "cp_comm", "main_grads_bytes", "main_params_bytes",
-                  "exp_avg_bytes", "exp_avg_sq_bytes")
+                  "exp_avg_bytes", "exp_avg_sq_bytes", "schedule")
 
 
 @functools.cache
@@ -83,6 +87,12 @@ class ConfigBatch:
     exp_avg_bytes: np.ndarray | None = None
     exp_avg_sq_bytes: np.ndarray | None = None
     sharding: np.ndarray | None = None  # SHARDING_CODES; default from distributed_optimizer
+    schedule: np.ndarray | None = None  # SCHEDULE_CODES
+
+    @property
+    def chunks(self) -> np.ndarray:
+        """Model chunks per pipeline rank: vpp, or the two of a DualPipe schedule."""
+        return np.where(self.schedule > 0, 2, self.vpp)
 
     def __post_init__(self) -> None:
         missing = [name for name in _LATER_COLUMNS if getattr(self, name) is None]
@@ -158,6 +168,7 @@ class ConfigBatch:
             exp_avg_bytes=col(lambda c: DTYPE_BYTES[c.exp_avg_dtype], np.float64),
             exp_avg_sq_bytes=col(lambda c: DTYPE_BYTES[c.exp_avg_sq_dtype], np.float64),
             sharding=col(lambda c: SHARDING_CODES[c.sharding], np.int64),
+            schedule=col(lambda c: SCHEDULE_CODES[c.schedule], np.int64),
         )
 
     def take(self, idx: np.ndarray) -> "ConfigBatch":

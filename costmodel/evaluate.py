@@ -6,8 +6,10 @@ The step adds the exposed data-parallel synchronisation and the optimizer step o
 
     step = m · t_stage + (pp − 1)/vpp · t_stage + dp_exposed + optimizer
 
-with m = global_batch_size / (micro_batch_size · dp) micro-batches. Every part of the breakdown is
-one of these terms, so they add up to the step time.
+with m = global_batch_size / (micro_batch_size · dp) micro-batches. Under DualPipe each micro-batch
+passes one of a rank's two stages (m/2 · t_stage) and the bubble is DeepSeek-V3 Table 2's; under
+DualPipeV MindSpeed's (``pipeline.dualpipe_bubble_s``). Every part of the breakdown is one of these
+terms, so they add up to the step time.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 import numpy as np
 
 from . import comm, layers, memory, pipeline, validity
-from .batch import NO_VALUE, ConfigBatch
+from .batch import DUALPIPE, NO_VALUE, ConfigBatch
 from .flops import model_flops_per_token
-from .hardware import GIB, Hardware
+from .hardware import Hardware
 from .spec import ClusterProfile, ModelSpec
 
 TIME_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "pp_p2p_s",
@@ -70,6 +72,7 @@ class BatchResult:
     layer_input_bytes: np.ndarray | None = None
     full_recompute_cap: np.ndarray | None = None
     overlap_extra_microbatches: np.ndarray | None = None  # (N,) see pipeline.a2a_overlap_extra_microbatches
+    schedule: np.ndarray | None = None  # (N,) batch.SCHEDULE_CODES
 
     def stage_peaks(self, i: int) -> np.ndarray:
         """Peak bytes of every pipeline stage of config ``i``, in rank order.
@@ -83,7 +86,8 @@ class BatchResult:
         cand = self.stages.comp[i]
         match = _first_row_match(comps, cand)
         ranks = np.arange(len(comps))[None, :]
-        held = pipeline.microbatches_in_flight(self.pp[i:i + 1], self.vpp[i:i + 1], self.microbatches[i:i + 1], ranks)[0]
+        held = pipeline.microbatches_in_flight(self.pp[i:i + 1], self.vpp[i:i + 1], self.microbatches[i:i + 1], ranks,
+                                               None if self.schedule is None else self.schedule[i:i + 1])[0]
         extra = self.overlap_extra_microbatches[i]
         held_act = self.stage_act_microbatch_bytes[i, match] * (held + extra * (held < self.microbatches[i]))
         uneven = self.stages.split_unevens[s] & (self.pp[i] > 1)
@@ -214,7 +218,7 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     return BatchResult(valid=valid, feasible=feasible, broken=broken, rules=rules, stages=st, **scored,
                        stage_rank=st.rank if keep_stages else None, capacity_bytes=hw.memory_bytes,
                        overhead_bytes=hw.framework_overhead_bytes,
-                       pp=b.pp, vpp=b.vpp)
+                       pp=b.pp, vpp=b.vpp, schedule=b.schedule)
 
 
 def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch,
@@ -555,13 +559,21 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     # Each virtual-stage chunk sends its output forward and its input gradient back, and each such
     # blocking send/recv costs a handshake beyond the transfer (schedule step, stream sync): fine
     # interleaving (one layer per chunk) pays it per layer.
-    p2p = col(np.where(b.pp > 1, 2 * b.vpp * (comm.p2p_s(memory.BF16 * shapes.tokens_sp * spec.hidden_size,
+    p2p = col(np.where(b.pp > 1, 2 * b.chunks * (comm.p2p_s(memory.BF16 * shapes.tokens_sp * spec.hidden_size,
                                                            p2p_stride, hw) + hw.pp_chunk_overhead_s), 0.0))
     stage_mb = compute + tp_t + cp_t + ep_t + p2p
     crit = _first_argmax(stage_mb)
     pick = lambda x, flat=crit * N + np.arange(N): _at(x, flat)  # noqa: E731
     t_stage = pick(stage_mb)
+    dual = b.schedule > 0
+    # Micro-batch passes through a rank's layers: DualPipe sends each micro-batch through one of the
+    # rank's two stages (half the micro-batches go each way), every other schedule through all of them.
+    visits = np.where(b.schedule == DUALPIPE, 0.5, 1.0)
     bubble = pipeline.bubble_s(b.pp, b.vpp, t_stage)
+    if dual.any():
+        fwd_c, bwd_c = pick(fwd_window), pick(bwd_window)
+        backward_share = bwd_c / np.where(fwd_c + bwd_c > 0, fwd_c + bwd_c, 1.0)
+        bubble = np.where(dual, pipeline.dualpipe_bubble_s(b.pp, b.schedule, t_stage, backward_share), bubble)
 
     # Data-parallel gradient and parameter synchronisation of each stage (dense weights over dp·cp,
     # expert weights over the expert-data-parallel group), hidden behind the last micro-batch's
@@ -603,9 +615,10 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
                     + expert_params / col(np.where(sharded_opt, edp, 1)))
     optimizer = (ADAM_BYTES_PER_PARAM * local_params / hw.hbm_bytes_per_s).max(axis=0)
 
-    step = m * t_stage + bubble + dp_exposed + optimizer
-    time = {"compute_s": m * pick(compute), "tp_comm_s": m * pick(tp_t), "cp_comm_s": m * pick(cp_t),
-            "ep_comm_s": m * pick(ep_t), "pp_bubble_s": bubble, "pp_p2p_s": m * pick(p2p),
+    passes = m * visits
+    step = passes * t_stage + bubble + dp_exposed + optimizer
+    time = {"compute_s": passes * pick(compute), "tp_comm_s": passes * pick(tp_t), "cp_comm_s": passes * pick(cp_t),
+            "ep_comm_s": passes * pick(ep_t), "pp_bubble_s": bubble, "pp_p2p_s": passes * pick(p2p),
             "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer}
 
     # Memory of each stage at its peak: model states, activations of the micro-batches in flight,
@@ -615,8 +628,9 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
         col(b.main_params_bytes + b.exp_avg_bytes + b.exp_avg_sq_bytes))
     rank = np.take(np.ascontiguousarray(st.split_rank_table[:, :k].T), split_index, axis=1)
     # (1, N) rows against (K, N) ranks: the function's [:, None] makes them (1, 1, N).
-    in_flight = pipeline.microbatches_in_flight(b.pp[None, :], b.vpp[None, :], m[None, :], rank)[0]
-    overlap_extra = pipeline.a2a_overlap_extra_microbatches(b.vpp, m, b.moe_a2a_overlap)
+    in_flight = pipeline.microbatches_in_flight(b.pp[None, :], b.vpp[None, :], m[None, :], rank,
+                                                b.schedule[None, :])[0]
+    overlap_extra = pipeline.a2a_overlap_extra_microbatches(b.vpp, m, b.moe_a2a_overlap, b.schedule)
     held_act = act * (in_flight + col(overlap_extra) * (in_flight < col(m)))
     # Where a rank's model chunks hold different layers, which chunks are in flight at the peak
     # matters: replay the schedule on the chunks' bytes (tabled per distinct split and m).
@@ -644,6 +658,7 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     per_device_group = m * b.tp * b.cp * dp  # devices holding a layer × micro-batches
     if full_layers is None:
         full_layers = _recomputed_layers_total(spec, b, split_index, st.split_comps)
+    full_layers = full_layers * visits  # DualPipe's two copies of a layer each see half the micro-batches
     recompute_flops = per_device_group * (np.where(b.recompute == 1, layer_sel_flops, 0.0)
                                           + full_layers / spec.num_layers * layer_flops)
     hfu = (flops_token * tokens_per_step + recompute_flops) / (step * devices * hw.peak_bf16_flops)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batch import NO_VALUE, ConfigBatch
+from .batch import DUALPIPE, DUALPIPEV, NO_VALUE, ConfigBatch
 from .spec import ModelSpec
 
 # Composition columns of a stage.
@@ -119,24 +119,58 @@ def _virtual_stage_tokens(spec: ModelSpec, pp: int, vpp: int, first: int, last: 
 
 
 def split_stages(spec: ModelSpec, pp: int, vpp: int, first: int, last: int, acc_emb: bool,
-                 acc_loss: bool, layout: str | None) -> np.ndarray:
+                 acc_loss: bool, layout: str | None, schedule: int = 0) -> np.ndarray:
     """Per physical stage composition, shape (pp, 5): dense layers, MoE layers, embedding, head, MTP.
 
     Raises LayoutError with the reason when the split is impossible (an empty virtual stage, a
     layout that does not match pp·vpp or num_layers, ...).
     """
-    return split_chunks(spec, pp, vpp, first, last, acc_emb, acc_loss, layout).sum(axis=1)
+    return split_chunks(spec, pp, vpp, first, last, acc_emb, acc_loss, layout, schedule).sum(axis=1)
 
 
 def split_chunks(spec: ModelSpec, pp: int, vpp: int, first: int, last: int, acc_emb: bool,
-                 acc_loss: bool, layout: str | None) -> np.ndarray:
-    """Per model chunk composition, shape (pp, vpp, 5): entry [r, k] is virtual stage k·pp + r, the
-    chunk k of pipeline rank r (same columns as ``split_stages``, which is its sum over chunks)."""
-    S = pp * vpp
+                 acc_loss: bool, layout: str | None, schedule: int = 0) -> np.ndarray:
+    """Per model chunk composition, shape (pp, chunks, 5): entry [r, k] is the chunk k of pipeline rank
+    r (same columns as ``split_stages``, which is its sum over chunks).
+
+    Megatron's schedules (``schedule`` 0): virtual stage k·pp + r, vpp chunks. DualPipeV: the model in
+    2·pp virtual stages, rank r holding r and 2pp − 1 − r (MindSpeed dualpipev_chunks.py
+    ``get_transformer_layer_offset``: the second chunk counts from the end, so the embedding and the LM
+    head both sit on rank 0). DualPipe: the model in pp stages held twice, rank r holding stage r of the
+    forward direction and stage pp − 1 − r of the reverse one (DeepSeek-V3 §3.2.1: two copies of the
+    parameters)."""
+    if schedule and first != NO_VALUE or schedule and last != NO_VALUE:
+        raise LayoutError("first/last_stage_layers size pipeline ranks 0 and pp-1 of a 1F1B pipeline; DualPipe "
+                          "places two chunks on every rank: give a pipeline_layout instead")
+    stages = {0: pp * vpp, DUALPIPE: pp, DUALPIPEV: 2 * pp}[schedule]
+    tokens = _stage_tokens(spec, pp, 1 if schedule else vpp, stages, first, last, acc_emb, acc_loss, layout)
+    if schedule == DUALPIPEV:
+        places = [[(v, 0)] if v < pp else [(2 * pp - 1 - v, 1)] for v in range(stages)]
+    elif schedule == DUALPIPE:
+        places = [[(v, 0), (pp - 1 - v, 1)] for v in range(stages)]
+    else:
+        places = [[(v % pp, v // pp)] for v in range(stages)]
+    pattern = spec.moe_layer_pattern()
+    comp = np.zeros((pp, 2 if schedule else vpp, 5), dtype=np.int64)
+    layer = 0
+    for v, t in enumerate(tokens):
+        n = t.count("t")
+        n_moe = sum(pattern[layer:layer + n])
+        layer += n
+        for r, k in places[v]:
+            comp[r, k] = (n - n_moe, n_moe, t.count("E"), t.count("L"), t.count("m"))
+    return comp
+
+
+def _stage_tokens(spec: ModelSpec, pp: int, vpp: int, stages: int, first: int, last: int, acc_emb: bool,
+                  acc_loss: bool, layout: str | None) -> list[str]:
+    """Token strings of the ``stages`` virtual stages in model order, from the layout or the split rules
+    (DualPipeV's 2·pp stages split as pp·2 would be: ``vpp`` is then 2)."""
     if layout is not None:
         tokens = parse_layout(layout)
-        if len(tokens) != S:
-            raise LayoutError(f"pipeline_layout has {len(tokens)} virtual stages, pp*vpp is {S}")
+        if len(tokens) != stages:
+            want = f"pp*vpp is {stages}" if stages == pp * vpp else f"the DualPipe schedule has {stages}"
+            raise LayoutError(f"pipeline_layout has {len(tokens)} virtual stages, {want}")
         n_t = sum(t.count("t") for t in tokens)
         if n_t != spec.num_layers:
             raise LayoutError(f"pipeline_layout places {n_t} decoder layers, the model has {spec.num_layers}")
@@ -146,20 +180,12 @@ def split_chunks(spec: ModelSpec, pp: int, vpp: int, first: int, last: int, acc_
         if "".join(tokens).count("E") != 1 or "".join(tokens).count("L") != 1:
             raise LayoutError("pipeline_layout must hold exactly one E and one L")
     else:
-        tokens = _virtual_stage_tokens(spec, pp, vpp, first, last, acc_emb, acc_loss)
+        tokens = _virtual_stage_tokens(spec, pp, stages // pp, first, last, acc_emb, acc_loss)
     for v, t in enumerate(tokens):
         if not t:
             raise LayoutError(f"virtual stage {v} holds no layer slot (pp={pp}, vpp={vpp}, "
                               f"{spec.num_layers} layers)")
-    pattern = spec.moe_layer_pattern()
-    comp = np.zeros((pp, vpp, 5), dtype=np.int64)
-    layer = 0
-    for v, t in enumerate(tokens):
-        n = t.count("t")
-        n_moe = sum(pattern[layer:layer + n])
-        layer += n
-        comp[v % pp, v // pp] = (n - n_moe, n_moe, t.count("E"), t.count("L"), t.count("m"))
-    return comp
+    return tokens
 
 
 def _slot_flops(spec: ModelSpec) -> tuple[list[float], list[str]]:
@@ -382,25 +408,27 @@ _REPLAYS = Memo(16384, 64 << 20)
 
 
 def _split_cached(spec_key: str, spec: ModelSpec, pp: int, vpp: int, first: int, last: int, ae: bool,
-                  al: bool, layout: str | None
+                  al: bool, layout: str | None, schedule: int = 0
                   ) -> tuple[np.ndarray, str | None, np.ndarray, np.ndarray, np.ndarray, "ReplayMemo"]:
     """``split_stages`` (composition, error or None, lowest rank of each distinct composition, the
     chunks' decoder layers (pp, vpp, 3), whether each rank's chunks are uneven (pp,), and the
     ``ReplayMemo`` of its ``rank_in_flight_layers`` per m), remembered per model and split: a search
     scores the same few hundred splits chunk after chunk."""
-    key = (spec_key, pp, vpp, first, last, ae, al, layout)
+    key = (spec_key, pp, vpp, first, last, ae, al, layout, schedule)
     hit = _SPLIT_CACHE.get(key)
     if hit is not None:
         return hit
     try:
-        chunks, error = split_chunks(spec, pp, vpp, first, last, ae, al, layout), None
+        chunks, error = split_chunks(spec, pp, vpp, first, last, ae, al, layout, schedule), None
     except LayoutError as exc:
-        chunks = np.zeros((pp, vpp, 5), dtype=np.int64)
+        chunks = np.zeros((pp, 2 if schedule else vpp, 5), dtype=np.int64)
         chunks[0, :, DENSE] = 1  # placeholder so that downstream arithmetic stays finite
         error = str(exc)
     comp = chunks.sum(axis=1)
     chunk_act = np.ascontiguousarray(chunks[:, :, list(CHUNK_ACT_COLUMNS)])
-    uneven = (chunk_act != chunk_act[:, :1]).any(axis=(1, 2))
+    # DualPipe's in-flight activations are the paper's closed form (dualpipe_microbatches_in_flight), not
+    # a replay of Megatron's schedule: no chunk is uneven for it.
+    uneven = (chunk_act != chunk_act[:, :1]).any(axis=(1, 2)) & (schedule == 0)
     first_rank: dict[tuple, int] = {}  # lowest rank of each distinct composition
     for r, row in enumerate(map(tuple, comp.tolist())):
         first_rank.setdefault(row + (tuple(chunk_act[r].ravel().tolist()) if uneven[r] else ()), r)
@@ -414,7 +442,7 @@ def _split_cached(spec_key: str, spec: ModelSpec, pp: int, vpp: int, first: int,
 def stage_sets(spec: ModelSpec, batch: ConfigBatch, all_stages: bool = False) -> StageSet:
     uniq, inverse = unique_rows([batch.pp, batch.vpp, batch.first_stage_layers, batch.last_stage_layers,
                                  batch.account_for_embedding.astype(np.int64),
-                                 batch.account_for_loss.astype(np.int64), batch.layout_id])
+                                 batch.account_for_loss.astype(np.int64), batch.layout_id, batch.schedule])
     per_split: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     split_comps: list[np.ndarray] = []
     split_chunk_acts: list[np.ndarray] = []
@@ -422,10 +450,10 @@ def stage_sets(spec: ModelSpec, batch: ConfigBatch, all_stages: bool = False) ->
     split_replay_caches: list[ReplayMemo] = []
     errors: list[str | None] = []
     spec_key = spec.model_dump_json()
-    for pp, vpp, first, last, ae, al, lid in uniq.tolist():
+    for pp, vpp, first, last, ae, al, lid, schedule in uniq.tolist():
         layout = batch.layouts[lid] if lid != NO_VALUE else None
-        comp, error, candidates, chunk_act, uneven, replay_cache = _split_cached(spec_key, spec, pp, vpp, first, last,
-                                                                   bool(ae), bool(al), layout)
+        comp, error, candidates, chunk_act, uneven, replay_cache = _split_cached(
+            spec_key, spec, pp, vpp, first, last, bool(ae), bool(al), layout, schedule)
         errors.append(error)
         split_comps.append(comp)
         split_chunk_acts.append(chunk_act)
@@ -457,7 +485,8 @@ def stage_sets(spec: ModelSpec, batch: ConfigBatch, all_stages: bool = False) ->
                           split_replay_caches=split_replay_caches)
 
 
-def microbatches_in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, rank: np.ndarray) -> np.ndarray:
+def microbatches_in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, rank: np.ndarray,
+                           schedule: np.ndarray | None = None) -> np.ndarray:
     """Stage activation sets held at the peak by pipeline rank ``rank``, in units of one micro-batch of
     the whole stage.
 
@@ -465,14 +494,27 @@ def microbatches_in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, rank:
     Megatron-Core warms up min((pp − r − 1)·2 + (vpp − 1)·pp, m·vpp) chunk micro-batches, then holds
     one more; each chunk is 1/vpp of the stage. Without pipelining, one micro-batch at a time.
     Exact when the rank's chunks store equal bytes; otherwise see ``replay_peak_activation_bytes``
-    (the two agree on equal chunks).
+    (the two agree on equal chunks). DualPipe schedules (``schedule`` > 0): ``dualpipe_microbatches_in_flight``.
     """
     pp, vpp, m = pp[:, None], vpp[:, None], m[:, None]
     one_f_one_b = np.minimum(pp - rank, m)
     chunks = np.minimum((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, m * vpp)
     interleaved = chunks / vpp
     held = np.where(vpp > 1, interleaved, one_f_one_b)
+    if schedule is not None:
+        held = np.where(schedule[:, None] > 0, dualpipe_microbatches_in_flight(pp, schedule[:, None]), held)
     return np.where(pp > 1, held, 1.0).astype(np.float64)
+
+
+def dualpipe_microbatches_in_flight(pp: np.ndarray, schedule: np.ndarray) -> np.ndarray:
+    """Activations a rank holds at the peak under DualPipe, in micro-batches of the whole rank (both its
+    chunks), from the "Activation" column of DeepSeek-V3 Table 2 and the DualPipe README: PP + 1 chunks
+    of activations, PP the number of pipeline stages, on every rank.
+
+    DualPipe: PP = pp stages of L/pp layers, two per rank: (pp + 1)/2 rank micro-batches. DualPipeV:
+    PP = 2·pp chunks of L/(2pp) layers on pp ranks, two per rank: (2pp + 1)/2. 1F1B holds pp on rank 0."""
+    stages = np.where(schedule == DUALPIPEV, 2 * pp, pp)
+    return (stages + 1) / 2.0
 
 
 def rank_in_flight_layers(pp: int, vpp: int, m: int, chunk_layers: np.ndarray,
@@ -671,7 +713,8 @@ def in_flight_layers(pp: int, vpp: int, m: int, rank: int, chunk_layers: np.ndar
     return hit
 
 
-def a2a_overlap_extra_microbatches(vpp: np.ndarray, m: np.ndarray, a2a_overlap: np.ndarray) -> np.ndarray:
+def a2a_overlap_extra_microbatches(vpp: np.ndarray, m: np.ndarray, a2a_overlap: np.ndarray,
+                                   schedule: np.ndarray | None = None) -> np.ndarray:
     """Micro-batches of a stage held beyond the schedule's own when the expert all-to-all is overlapped.
 
     Megatron-Core's combined 1F1B (``--overlap-moe-expert-parallel-comm``) runs one micro-batch's
@@ -680,10 +723,38 @@ def a2a_overlap_extra_microbatches(vpp: np.ndarray, m: np.ndarray, a2a_overlap: 
     pp = 1 (the next micro-batch's forward beside this one's backward). Megatron-LM d98e8a64
     ``megatron/core/pipeline_parallel/schedules.py``: "we schedule one extra micro-batch forward step
     before the 1f1b stages", and ``combined_1f1b_schedule_for_no_pipelining``. Zero without the overlap
-    or with one micro-batch."""
-    return np.where(a2a_overlap & (m > 1), 1.0 / vpp, 0.0)
+    or with one micro-batch, and under DualPipe, whose PP + 1 chunks in flight (Table 2) already count the
+    forward that runs beside a backward."""
+    extra = np.where(a2a_overlap & (m > 1), 1.0 / vpp, 0.0)
+    return extra if schedule is None else np.where(schedule > 0, 0.0, extra)
 
 
 def bubble_s(pp: np.ndarray, vpp: np.ndarray, stage_microbatch_s: np.ndarray) -> np.ndarray:
     """Pipeline fill and drain: (pp − 1)/vpp micro-batch times of the slowest stage (SC21 §2.2.2)."""
     return (pp - 1) / vpp * stage_microbatch_s
+
+
+# The weight-gradient half of a backward chunk: a layer's backward is two matmuls per forward matmul,
+# one for the input gradient and one for the weights (Narayanan et al. SC21 §3.2: backward ≈ 2×
+# forward), so W = B/2 of the rank's backward compute.
+WEIGHT_GRAD_SHARE = 0.5
+
+
+def dualpipe_bubble_s(pp: np.ndarray, schedule: np.ndarray, stage_microbatch_s: np.ndarray,
+                      backward_share: np.ndarray) -> np.ndarray:
+    """The bubble of a DualPipe schedule, in seconds, from one micro-batch's time on the slowest rank
+    (``stage_microbatch_s``: both chunks, forward and backward, communication included) and the share of
+    its compute that is backward (``backward_share``).
+
+    A chunk (half the rank) takes c = t/2, of which F = c·(1 − β), B = c·β, W = B·WEIGHT_GRAD_SHARE, and
+    the overlapped pair F&B = F + B (each one's communication hidden behind the other's compute, as
+    far as the config's overlaps price it in t).
+    * DualPipe (DeepSeek-V3 Table 2; pp stages, pp even): (pp/2 − 1)·(F&B + B − 3W).
+    * DualPipeV as MindSpeed runs it (docs/zh/features/dualpipev.md at 028de58c, without
+      --dualpipev-dw-detach: the cool-down does not split W): (pp − 1)·(F&B + B − W) − F."""
+    c = stage_microbatch_s / 2.0
+    f, b = c * (1.0 - backward_share), c * backward_share
+    w = WEIGHT_GRAD_SHARE * b
+    dualpipe = (pp / 2.0 - 1.0) * (c + b - 3.0 * w)
+    dualpipev = (pp - 1.0) * (c + b - w) - f
+    return np.maximum(np.where(schedule == DUALPIPEV, dualpipev, dualpipe), 0.0)

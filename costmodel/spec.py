@@ -177,6 +177,11 @@ class TrainingConfig(BaseModel):
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     pipeline_layout: str | None = None
+    # The pipeline schedule. None: Megatron-Core's 1F1B with vpp 1, its interleaved 1F1B with vpp > 1.
+    # "dualpipe": DeepSeek-V3's bidirectional DualPipe (§3.2.1; deepseek-ai/DualPipe), each rank holding
+    # stages r and pp-1-r; "dualpipev": its V-shaped half (MindSpeed --schedules-method dualpipev), each
+    # rank holding model chunks r and 2pp-1-r. Both run vpp 1 (their two chunks per rank are the schedule's).
+    pipeline_schedule: Literal["1f1b", "interleaved", "dualpipe", "dualpipev"] | None = None
     precision: Literal["bf16", "fp8"] = "bf16"
     moe_a2a_overlap: bool = False
     moe_load_imbalance: float | None = Field(default=None, ge=1.0, le=64.0)
@@ -232,6 +237,24 @@ class TrainingConfig(BaseModel):
         if unknown:
             raise ValueError(f"unknown recompute module(s) {unknown}; known: {list(RECOMPUTE_MODULES)}")
         return v
+
+    @model_validator(mode="after")
+    def _schedule_matches_vpp(self) -> "TrainingConfig":
+        schedule, vpp = self.pipeline_schedule, self.vpp
+        if schedule == "1f1b" and vpp > 1:
+            raise ValueError(f"pipeline_schedule 1f1b runs one model chunk per rank: vpp must be 1 (got {vpp}; "
+                             "vpp > 1 is the interleaved schedule)")
+        if schedule == "interleaved" and vpp == 1:
+            raise ValueError("pipeline_schedule interleaved needs vpp > 1")
+        if schedule in ("dualpipe", "dualpipev") and vpp > 1:
+            raise ValueError(f"pipeline_schedule {schedule} places two model chunks per rank itself: vpp must be "
+                             f"1 (got {vpp}; MindSpeed refuses dualpipev with a virtual pipeline)")
+        return self
+
+    @property
+    def schedule(self) -> str:
+        """The schedule in force: the explicit field, else 1f1b or interleaved by vpp."""
+        return self.pipeline_schedule or ("interleaved" if self.vpp > 1 else "1f1b")
 
     @property
     def sp(self) -> bool:

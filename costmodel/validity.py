@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from .batch import NO_VALUE, ConfigBatch
+from .batch import DUALPIPE, DUALPIPEV, NO_VALUE, ConfigBatch
 from .spec import ModelSpec
 
 
@@ -56,5 +56,35 @@ def check(spec: ModelSpec, b: ConfigBatch, devices: int, has_fp8: bool) -> list[
              lambda i: f"vpp={b.vpp[i]} needs pp > 1"),
         Rule("fp8_unsupported", (b.precision == 1) & (not has_fp8),
              lambda i: "precision fp8 needs a profile with an FP8 peak"),
+        *_schedule_rules(spec, b, dp),
     ]
     return rules
+
+
+_SCHEDULE_NAMES = {DUALPIPE: "dualpipe", DUALPIPEV: "dualpipev"}
+
+
+def _schedule_rules(spec: ModelSpec, b: ConfigBatch, dp: np.ndarray) -> list[Rule]:
+    """What each pipeline schedule needs (see ``costmodel.pipeline``).
+
+    DualPipe (deepseek-ai/DualPipe dualpipe.py ``step``: ``num_ranks % 2 == 0``, ``num_chunks % 2 == 0 and
+    num_chunks >= num_ranks * 2``); DualPipeV as MindSpeed validates it (features_manager/pipeline_parallel/
+    dualpipev_feature.py at 028de58c: pp > 1, num_layers ≥ 2·pp, micro-batches ≥ 2·pp − 1). Megatron-LM's
+    all-to-all overlap with pp > 1 and vpp 1 is an export refusal, not a rule here: MindSpeed's
+    --moe-alltoall-overlap-comm runs that layout (search/frameworks.py ``_a2a_overlap_pipeline``)."""
+    name = lambda i: _SCHEDULE_NAMES[int(b.schedule[i])]  # noqa: E731
+    m = np.where(dp > 0, b.global_batch_size // np.maximum(b.micro_batch_size * dp, 1), 0)
+    dual, v = b.schedule > 0, b.schedule == DUALPIPEV
+    need_m = np.where(v, 2 * b.pp - 1, 2 * b.pp)
+    return [
+        Rule("dualpipe_needs_pp", dual & (b.pp < 2), lambda i: f"pipeline_schedule {name(i)} needs pp > 1"),
+        Rule("dualpipe_even_pp", (b.schedule == DUALPIPE) & (b.pp % 2 == 1),
+             lambda i: f"pipeline_schedule dualpipe runs its two directions over an even pp (got pp={b.pp[i]})"),
+        Rule("dualpipe_microbatches", dual & (dp > 0) & ((m < need_m) | ((b.schedule == DUALPIPE) & (m % 2 == 1))),
+             lambda i: f"pipeline_schedule {name(i)} needs at least {need_m[i]} micro-batches per step"
+                       f"{' (an even number, half each way)' if b.schedule[i] == DUALPIPE else ''}; "
+                       f"global_batch_size/(micro_batch_size*dp) is {m[i]}"),
+        Rule("dualpipev_layers", v & (spec.num_layers < 2 * b.pp),
+             lambda i: f"pipeline_schedule dualpipev splits the model into 2*pp={2 * b.pp[i]} chunks, more than "
+                       f"its {spec.num_layers} layers"),
+    ]

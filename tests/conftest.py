@@ -173,6 +173,8 @@ def sample_config(rng: np.random.Generator, spec: ModelSpec, devices: int, *, p_
         kw["account_for_loss_in_pipeline_split"] = bool(rng.random() < 0.7)
     elif split < 0.3:
         kw["pipeline_layout"] = _random_layout(rng, spec, pp * vpp)
+    elif split < 0.4 and pp > 1 and vpp == 1:
+        kw["pipeline_schedule"] = pick(["dualpipe", "dualpipev"])
     kw.update(fixed)
     return TrainingConfig(**kw)
 

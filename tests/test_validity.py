@@ -24,6 +24,8 @@ H100 = "nvidia-h100-80gb"
 CONTRACT_CODES = {"tp_divides_heads", "devices_divisible", "dp_mismatch", "ep_etp_divides", "dense_ep",
                   "ep_divides_experts", "global_batch_divisible", "seq_divisible", "vpp_needs_pp",
                   "fp8_unsupported"}
+# Codes the project adds (docs/costmodel.md, "Validity rules"): the pipeline schedules' needs.
+EXTENSION_CODES = {"dualpipe_needs_pp", "dualpipe_even_pp", "dualpipe_microbatches", "dualpipev_layers"}
 
 
 def run(spec, devices, profile_name=H100, **cfg):
@@ -57,7 +59,7 @@ def assert_valid(result):
 def test_rule_codes_are_the_contracts(preset):
     spec = preset("tiny-moe")
     rules = validity.check(spec, ConfigBatch.from_configs([TrainingConfig(global_batch_size=1)]), 1, True)
-    assert {r.code for r in rules} == CONTRACT_CODES
+    assert {r.code for r in rules} == CONTRACT_CODES | EXTENSION_CODES
 
 
 # ---- tp divides num_attention_heads and num_query_groups ------------------------------------------
