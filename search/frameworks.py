@@ -80,7 +80,7 @@ FIELDS = {
     "overlap_grad_reduce": "_sharding", "overlap_param_gather": "_sharding",
     "first_stage_layers": "pipeline_split", "last_stage_layers": "pipeline_split",
     "account_for_embedding_in_pipeline_split": "pipeline_split", "account_for_loss_in_pipeline_split": "pipeline_split",
-    "pipeline_layout": "pipeline_split", "precision": "--fp8-format (express)", "moe_a2a_overlap": "_moe",
+    "pipeline_layout": "pipeline_split", "pipeline_schedule": "_schedule", "precision": "--fp8-format (express)", "moe_a2a_overlap": "_moe",
     "moe_load_imbalance": "no flag: a modelling input (the router's balance), not a launch setting",
     "moe_expert_load": "no flag: a modelling input (the router's per-expert shares, costmodel/routing.py)",
     "moe_expert_skew": "no flag: a modelling input (the router's skew, costmodel/routing.py)",
@@ -201,6 +201,7 @@ def express(config: TrainingConfig, spec: ModelSpec, framework: str,
     out.add("tp_overlap", *_tp_overlap(config, spec, ms))
     out.add("context_parallel", *_context_parallel(config, spec, ms, scale_up_domain))
     out.add("moe", *_moe(config, spec, ms, scale_up_domain))
+    out.add("schedule", *_schedule(config, spec, ms, out.split))
     if split_rules:
         out.refusals += _a2a_overlap_pipeline(config, spec, ms)
     if config.expert_placement == "balanced":
@@ -241,12 +242,14 @@ def refusals(config: TrainingConfig, spec: ModelSpec, framework: str,
 # ---- pipeline split -------------------------------------------------------------------------------
 
 def stage_tokens(cfg: TrainingConfig, spec: ModelSpec) -> list[str]:
-    """The cost model's split: one token string (``E``, ``t``, ``m``, ``L``) per virtual stage."""
+    """The cost model's split: one token string (``E``, ``t``, ``m``, ``L``) per virtual stage, in model
+    order (DualPipeV: 2·pp of them, costmodel.pipeline.split_chunks)."""
     if cfg.pipeline_layout is not None:
         return parse_layout(cfg.pipeline_layout)
     first = NO_VALUE if cfg.first_stage_layers is None else cfg.first_stage_layers
     last = NO_VALUE if cfg.last_stage_layers is None else cfg.last_stage_layers
-    return _virtual_stage_tokens(spec, cfg.pp, cfg.vpp, first, last,
+    vpp = 2 if cfg.schedule == "dualpipev" else cfg.vpp
+    return _virtual_stage_tokens(spec, cfg.pp, vpp, first, last,
                                  cfg.account_for_embedding_in_pipeline_split,
                                  cfg.account_for_loss_in_pipeline_split)
 
@@ -265,8 +268,14 @@ def layout_string(tokens: list[str]) -> str:
     return "|".join(stage(t) for t in tokens)
 
 
-def _chunks(counts: list[int], pp: int) -> list[list[int]]:
-    """Per pipeline rank, its chunks' layer counts: virtual stage k·pp + r is chunk k of rank r."""
+def _chunks(counts: list[int], cfg: TrainingConfig) -> list[list[int]]:
+    """Per pipeline rank, its chunks' layer counts: virtual stage k·pp + r is chunk k of rank r; under
+    DualPipeV rank r holds r and 2pp − 1 − r, under DualPipe stages r and pp − 1 − r."""
+    pp = cfg.pp
+    if cfg.schedule == "dualpipev":
+        return [[counts[r], counts[2 * pp - 1 - r]] for r in range(pp)]
+    if cfg.schedule == "dualpipe":
+        return [[counts[r], counts[pp - 1 - r]] for r in range(pp)]
     return [[counts[k * pp + r] for k in range(len(counts) // pp)] for r in range(pp)]
 
 
@@ -275,7 +284,7 @@ def pipeline_split(cfg: TrainingConfig, spec: ModelSpec, framework: str) -> Spli
     counts = [t.count("t") for t in tokens]
     if framework == "megatron":
         return Split(_megatron_split_flags(cfg, spec, tokens), spec.num_layers, list(range(spec.num_layers)),
-                     _chunks(counts, cfg.pp))
+                     _chunks(counts, cfg))
     if _noop_expressible(tokens, spec):
         return _noop_split(cfg, counts)
     # MindSpeed's PipelineModelParallelLayoutFeature ("Support --pipeline-model-parallel-layout from
@@ -284,7 +293,7 @@ def pipeline_split(cfg: TrainingConfig, spec: ModelSpec, framework: str) -> Spli
     # embedding, MTP or loss elsewhere than no-op padding can (it derives vpp from the string).
     layout = cfg.pipeline_layout or layout_string(tokens)
     return Split(["--pipeline-model-parallel-layout", layout], spec.num_layers, list(range(spec.num_layers)),
-                 _chunks(counts, cfg.pp))
+                 _chunks(counts, cfg))
 
 
 def _megatron_split_flags(cfg: TrainingConfig, spec: ModelSpec, tokens: list[str]) -> list[str]:
@@ -353,7 +362,7 @@ def _noop_split(cfg: TrainingConfig, counts: list[int]) -> Split:
         # --noop-layers: MindSpeed mindspeed/arguments.py (_add_training_args), NoopLayersFeature in
         # MindSpeed-LLM; "--noop-layers 61,62,63" in examples/mcore/deepseek3/pretrain_deepseek3_671b_4k_ptd.sh
         args += ["--noop-layers", ",".join(map(str, noop))]
-    return Split(args, width * len(counts), real, _chunks(counts, cfg.pp))
+    return Split(args, width * len(counts), real, _chunks(counts, cfg))
 
 
 # ---- recompute ------------------------------------------------------------------------------------
@@ -437,7 +446,7 @@ def _full_recompute(cfg: TrainingConfig, ms: bool, split: Split) -> tuple[list[s
     for per_chunk in range(1, widest + 1):
         if [sum(min(per_chunk, k) for k in ch) for ch in split.chunks] == want:
             return head + ["--recompute-method", "block", "--recompute-num-layers", str(per_chunk)], []
-    if ms and _per_rank_exact(n, split, cfg.vpp, want):
+    if ms and cfg.schedule != "dualpipev" and _per_rank_exact(n, split, cfg.vpp, want):
         return head + ["--recompute-method", "block", "--recompute-num-layers", str(n),
                        "--enable-recompute-layers-per-pp-rank"], []
     return [], [Refusal("recompute_num_layers", n, f"{n} fully recomputed layers per stage cannot be stated "
@@ -669,7 +678,8 @@ def _a2a_overlap(cfg: TrainingConfig, spec: ModelSpec, ms: bool) -> tuple[str, l
         # needs --moe-grouped-gemm with the alltoall dispatcher (always emitted)
         if cfg.tp_comm_overlap:
             bad.append(no("MindSpeed's --moe-alltoall-overlap-comm and MC2 (tp_comm_overlap) are incompatible"))
-        return "--moe-alltoall-overlap-comm", bad
+        # DualPipeV's overlap is MindSpeed's forward-backward overlap across micro-batches (its rules: _schedule)
+        return "--moe-fb-overlap" if cfg.schedule == "dualpipev" else "--moe-alltoall-overlap-comm", bad
     # HEAD transformer_config.py, the overlap_moe_expert_parallel_comm checks
     if cfg.recompute == "full":
         bad.append(no("Megatron-LM disables full recompute with the EP all-to-all overlap"))
@@ -696,13 +706,52 @@ def _a2a_overlap_pipeline(cfg: TrainingConfig, spec: ModelSpec, ms: bool) -> lis
     return []
 
 
+# ---- pipeline schedule -----------------------------------------------------------------------------
+
+def _schedule(cfg: TrainingConfig, spec: ModelSpec, ms: bool, split: Split) -> tuple[list[str], list[Refusal]]:
+    """1F1B and interleaving follow from vpp in both frameworks. DualPipeV is MindSpeed's ``--schedules-method
+    dualpipev`` (features_manager/pipeline_parallel/dualpipev_feature.py at 028de58c, registered by
+    MindSpeed-LLM c77308a1); Megatron-LM has no DualPipe (HEAD megatron/core/pipeline_parallel/schedules.py:
+    1F1B, interleaved and combined 1F1B) and neither has DeepSeek's bidirectional DualPipe."""
+    schedule = cfg.schedule
+    if schedule in ("1f1b", "interleaved"):
+        return [], []
+
+    def no(reason: str) -> Refusal:
+        return Refusal("pipeline_schedule", schedule, reason)
+
+    if not ms:
+        return [], [no("Megatron-LM has no DualPipe schedule (1F1B, interleaved and combined 1F1B only)")]
+    if schedule == "dualpipe":
+        return [], [no("MindSpeed-LLM runs DualPipeV only (--schedules-method choices: dualpipev); DeepSeek's "
+                       "bidirectional DualPipe, two parameter copies per rank, has no flag")]
+    bad = []  # MindSpeed's DualpipeVFeature.validate_args
+    if cfg.overlap_grad_reduce:
+        bad.append(Refusal("overlap_grad_reduce", True, "MindSpeed's dualpipev and overlap_grad_reduce are "
+                                                        "incompatible"))
+    if cfg.cp > 1:
+        bad.append(Refusal("cp", cfg.cp, "MindSpeed's dualpipev and context parallelism are incompatible"))
+    if not spec.untie_embeddings_and_output_weights:
+        bad.append(no("MindSpeed's dualpipev needs untied embedding and output weights"))
+    if spec.is_moe and cfg.moe_a2a_overlap and cfg.etp != 1:
+        # features_manager/moe/fb_overlap.py at 028de58c: "fb overlap only support expert-tensor-parallel-size=1"
+        bad.append(Refusal("moe_a2a_overlap", True, "MindSpeed's --moe-fb-overlap (the all-to-all overlap under "
+                                                    "dualpipev) needs etp 1"))
+    if split.flags and split.flags[0] == "--pipeline-model-parallel-layout":
+        # dualpipev_chunks.py get_num_layers_to_build: --num-layers // pp // 2 layers in every chunk
+        bad.append(no("MindSpeed's DualPipeV builds --num-layers / (2·pp) layers in every chunk: only the even "
+                      "split, padded with no-op layers, can be stated"))
+    return ["--schedules-method", "dualpipev"], bad
+
+
 def split_refusals(config: TrainingConfig, spec: ModelSpec, framework: str) -> list[Refusal]:
     """The refusals that depend on the pipeline split (pp, vpp, split fields): the full-recompute count and
     the all-to-all overlap's schedule. Every other rule reads tp, cp, ep, etp, sequence parallelism and
     the options only (the search probes them at pp = 1 with ``split_rules=False``) and scores these apart
     (search/space.py)."""
     ms = framework == "mindspeed"
-    out = _a2a_overlap_pipeline(config, spec, ms)
+    split = pipeline_split(config, spec, framework)
+    out = _a2a_overlap_pipeline(config, spec, ms) + _schedule(config, spec, ms, split)[1]
     if config.recompute == "full":
-        out += _full_recompute(config, ms, pipeline_split(config, spec, framework))[1]
+        out += _full_recompute(config, ms, split)[1]
     return out

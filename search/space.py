@@ -12,6 +12,10 @@ Dimensions and the values offered (``docs/search.md`` is the user-facing copy):
   a ``pipeline_layout`` whose virtual stages are as equal in forward FLOPs as the layers allow, the
   embedding, LM head, loss and MTP modules at their cost (``costmodel.pipeline.balanced_tokens``),
   offered where it differs from the even spread.
+* the pipeline schedule, offered as two more splits with vpp = 1 and pp > 1: DualPipeV
+  (``pipeline_schedule: dualpipev``, MindSpeed's) and DeepSeek's DualPipe (even pp), each with
+  ``overlap_grad_reduce`` off unless pinned (MindSpeed refuses DualPipeV with it); 1F1B and
+  interleaving follow from vpp.
 * ``recompute``: none; selective with one of ``SELECTIVE_SETS`` (the modules the model has);
   full with ``recompute_num_layers`` all, 1, 2 or 4 per stage.
 * ``moe_a2a_algorithm`` (flat, hierarchical) where the expert-parallel group leaves the scale-up domain
@@ -52,7 +56,8 @@ import numpy as np
 
 from costmodel import ConfigBatch, TrainingConfig, validity
 from costmodel.batch import (CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DTYPE_BYTES, NO_VALUE, PRECISION_CODES,
-                             RECOMPUTE_CODES, SHARDING_CODES, modules_mask)
+                             RECOMPUTE_CODES, SCHEDULE_CODES, SHARDING_CODES, modules_mask)
+SCHEDULE_NAMES = {0: None, SCHEDULE_CODES["dualpipe"]: "dualpipe", SCHEDULE_CODES["dualpipev"]: "dualpipev"}
 from costmodel.pipeline import LayoutError, balanced_tokens, split_chunks, stage_sets, unique_rows
 from costmodel.spec import ClusterProfile, ModelSpec
 
@@ -64,8 +69,10 @@ ETP_VALUES = (1, 2, 4, 8)
 MBS_VALUES = (1, 2, 4, 8)
 FULL_RECOMPUTE_LAYERS = (None, 1, 2, 4)
 SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST, SPLIT_BALANCED = "even", "embedding_loss_slots", "first_last", "balanced"
+# The DualPipe schedules, offered as splits of their own: each fixes how layers sit on the ranks.
+SPLIT_DUALPIPEV, SPLIT_DUALPIPE = "dualpipev", "dualpipe"
 SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_for_embedding_in_pipeline_split",
-                "account_for_loss_in_pipeline_split", "pipeline_layout")
+                "account_for_loss_in_pipeline_split", "pipeline_layout", "pipeline_schedule")
 # Selective-recompute module sets, from Megatron-Core's default to the most memory-saving; a set is
 # offered when the model has every module it names.
 SELECTIVE_SETS = (
@@ -166,6 +173,9 @@ class SearchSpace:
                 split[p["first_stage_layers"] != NO_VALUE] = names.index(SPLIT_FIRST_LAST)
             if SPLIT_BALANCED in names:
                 split[p["layout_id"] != NO_VALUE] = names.index(SPLIT_BALANCED)
+            for mode in (SPLIT_DUALPIPEV, SPLIT_DUALPIPE):
+                if mode in names:
+                    split[p["schedule"] == SCHEDULE_CODES[mode]] = names.index(mode)
             uniq, _ = unique_rows([p["tp"], p["cp"], p["pp"], p["vpp"], p["ep"], p["etp"], split,
                                    p["moe_a2a_hierarchical"].astype(np.int64), p["cp_comm"]])
             self._layouts_cache = dict(zip(("tp", "cp", "pp", "vpp", "ep", "etp", "split", "moe_a2a_hierarchical",
@@ -234,8 +244,8 @@ class SearchSpace:
         ``search.frameworks`` are scored on representative configs at pp = 1: per distinct (tp, ep, etp)
         and option with cp = 1 and flat dispatch (no option rule reads the algorithms), per distinct (tp,
         cp, ep, etp, dispatch, CP algorithm) with no recompute and no overlap; and the
-        split rules per distinct split and option (``split_refusals`` says no other rule reads the split
-        or fires at pp = 1, and no rule reads cp together with an option)."""
+        split rules per distinct split, etp, cp and option (``split_refusals`` says no other rule reads the
+        split or fires at pp = 1, and no rule reads cp together with an option but DualPipeV's)."""
         groups, inv = self._expressible_groups(par)
         return groups[inv]
 
@@ -246,7 +256,7 @@ class SearchSpace:
             return np.ones((1, len(self.options)), dtype=bool), np.zeros(n, dtype=np.intp)
         col = lambda *keys: [np.asarray(par[k]).astype(np.int64) for k in keys]  # noqa: E731
         split_keys = ("pp", "vpp", "first_stage_layers", "last_stage_layers", "account_for_embedding",
-                      "account_for_loss", "layout_id")
+                      "account_for_loss", "layout_id", "schedule", "etp", "cp")
         parts = [self._rows(col("tp", "ep", "etp"), "options", self._options_row),
                  self._rows(col("tp", "cp", "ep", "etp", "moe_a2a_hierarchical", "cp_comm"), "layout",
                             self._layout_row),
@@ -305,9 +315,11 @@ class SearchSpace:
             self.layouts.append(layout)
         return self.layouts.index(layout)
 
-    def _split_row(self, pp, vpp, first, last, acc_emb, acc_loss, layout_id) -> np.ndarray:
-        split = {"pp": pp, "vpp": vpp, "account_for_embedding_in_pipeline_split": bool(acc_emb),
-                 "account_for_loss_in_pipeline_split": bool(acc_loss)}
+    def _split_row(self, pp, vpp, first, last, acc_emb, acc_loss, layout_id, schedule, etp, cp) -> np.ndarray:
+        # etp and cp: MindSpeed's DualPipeV needs cp 1, and etp 1 for its forward-backward overlap
+        # (frameworks._schedule)
+        split = {"pp": pp, "vpp": vpp, "etp": etp, "cp": cp, "account_for_embedding_in_pipeline_split": bool(acc_emb),
+                 "account_for_loss_in_pipeline_split": bool(acc_loss), **_schedule_fields(self.fixed, schedule)}
         if first != NO_VALUE:
             split["first_stage_layers"] = first
         if last != NO_VALUE:
@@ -348,15 +360,16 @@ class SearchSpace:
             tp_comm_overlap=o["tp_comm_overlap"], recompute=o["recompute"],
             recompute_modules=o["recompute_modules"], recompute_num_layers=o["recompute_num_layers"],
             distributed_optimizer=o["distributed_optimizer"],
-            overlap_grad_reduce=const(f.get("overlap_grad_reduce", True), bool),
-            overlap_param_gather=const(f.get("overlap_param_gather", True), bool),
+            overlap_grad_reduce=_overlap_column(f, "overlap_grad_reduce", par["schedule"]),
+            overlap_param_gather=_overlap_column(f, "overlap_param_gather", par["schedule"]),
             first_stage_layers=par["first_stage_layers"], last_stage_layers=par["last_stage_layers"],
             account_for_embedding=par["account_for_embedding"], account_for_loss=par["account_for_loss"],
             layout_id=par["layout_id"], precision=const(PRECISION_CODES[self.precision]),
             moe_a2a_overlap=o["moe_a2a_overlap"],
             moe_load_imbalance=const(self.moe_load_imbalance, np.float64), layouts=self.layouts,
             moe_a2a_hierarchical=np.asarray(par["moe_a2a_hierarchical"], dtype=bool),
-            cp_comm=np.asarray(par["cp_comm"], dtype=np.int64), **self._constant_columns(n))
+            cp_comm=np.asarray(par["cp_comm"], dtype=np.int64), schedule=np.asarray(par["schedule"], dtype=np.int64),
+            **self._constant_columns(n))
 
     def _constant_columns(self, n: int) -> dict[str, np.ndarray]:
         """The batch columns of the per-search constants (``constants``; each column's default otherwise)."""
@@ -410,6 +423,7 @@ class SearchSpace:
             cfg["account_for_embedding_in_pipeline_split"] = True
         if p["account_for_loss"]:
             cfg["account_for_loss_in_pipeline_split"] = True
+        cfg.update(_schedule_fields(self.fixed, p["schedule"]))
         return cfg
 
     def choice_columns(self, choices: list[dict]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
@@ -432,6 +446,8 @@ class SearchSpace:
             [f.get("account_for_loss_in_pipeline_split", False) for f in splits], dtype=bool)
         par["layout_id"] = np.array([self.layout_index(f["pipeline_layout"]) if "pipeline_layout" in f else NO_VALUE
                                      for f in splits], dtype=np.int64)
+        par["schedule"] = np.array([SCHEDULE_CODES[f.get("pipeline_schedule") or "1f1b"] for f in splits],
+                                   dtype=np.int64)
         a2a, cpc = self.resting("moe_a2a_algorithm"), self.resting("cp_comm_type")
         par["moe_a2a_hierarchical"] = np.array([c.get("moe_a2a_algorithm", a2a) == "hierarchical" for c in choices],
                                                dtype=bool)
@@ -453,6 +469,11 @@ def _split_fields(spec: ModelSpec, pp: int, vpp: int, mode: str) -> dict | None:
     L = spec.num_layers
     if mode == SPLIT_EVEN:
         return {}
+    if mode in (SPLIT_DUALPIPEV, SPLIT_DUALPIPE):
+        # vpp 1 and pp > 1; DualPipe runs its two directions over an even pp (costmodel.validity)
+        if vpp > 1 or pp == 1 or (mode == SPLIT_DUALPIPE and pp % 2):
+            return None
+        return {"pipeline_schedule": mode}
     if mode == SPLIT_SLOTS:
         if pp > 1 and (L + 2) % (pp * vpp) == 0:
             return {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
@@ -469,6 +490,35 @@ def _split_fields(spec: ModelSpec, pp: int, vpp: int, mode: str) -> dict | None:
 
 
 _BALANCED_CACHE: dict[tuple[str, int, int], str | None] = {}
+
+
+def _schedule_fields(fixed: dict, schedule: int) -> dict:
+    """The config fields a DualPipe split carries: the schedule, and the gradient reduction's overlap off
+    unless pinned, since MindSpeed, the one framework that runs DualPipeV, refuses the two together
+    (dualpipev_feature.py at 028de58c), with the parameter gather's overlap, which needs it (Megatron's
+    arguments.py: --overlap-param-gather requires --overlap-grad-reduce)."""
+    name = SCHEDULE_NAMES[int(schedule)]
+    if name is None:
+        return {"pipeline_schedule": fixed["pipeline_schedule"]} if "pipeline_schedule" in fixed else {}
+    return {"pipeline_schedule": name, **{k: fixed.get(k, False) for k in DUALPIPE_OVERLAPS_OFF}}
+
+
+DUALPIPE_OVERLAPS_OFF = ("overlap_grad_reduce", "overlap_param_gather")
+
+
+def _schedule_fits(schedule: str | None, pp: int, vpp: int) -> bool:
+    """Whether a (pinned) schedule runs this pp and vpp (``TrainingConfig._schedule_matches_vpp``)."""
+    if schedule == "interleaved":
+        return vpp > 1
+    return schedule is None or vpp == 1 and (schedule == "1f1b" or pp > 1)
+
+
+def _overlap_column(fixed: dict, name: str, schedule: np.ndarray) -> np.ndarray:
+    """``name`` (one of ``DUALPIPE_OVERLAPS_OFF``) of each config: pinned, else on, off with a DualPipe
+    schedule (``_schedule_fields``)."""
+    if name in fixed:
+        return np.full(len(schedule), bool(fixed[name]))
+    return np.asarray(schedule) == 0
 
 
 def _balanced_layout(spec: ModelSpec, pp: int, vpp: int) -> str | None:
@@ -524,7 +574,7 @@ def _values(spec: ModelSpec, profile: ClusterProfile, devices: int, allow_cross_
     return {"tp": tp, "cp": cp, "pp": pp, "vpp": vpp, "ep": ep, "etp": etp,
             "moe_a2a_algorithm": a2a, "cp_comm_type": list(frameworks.algorithm_values(framework, "cp_comm_type")),
             "micro_batch_size": list(MBS_VALUES),
-            "split": [SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST, SPLIT_BALANCED],
+            "split": [SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST, SPLIT_BALANCED, SPLIT_DUALPIPEV, SPLIT_DUALPIPE],
             "recompute": recompute, "distributed_optimizer": [True],
             "tp_comm_overlap": [False, True], "moe_a2a_overlap": [False, True] if spec.is_moe else [False]}
 
@@ -584,6 +634,8 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
             fields = _split_fields(spec, pp, vpp, mode)
             if fields is None:
                 continue
+        if not _schedule_fits(fields.get("pipeline_schedule"), pp, vpp):
+            continue
         if "pipeline_layout" in fields and fields["pipeline_layout"] not in layouts:
             layouts.append(fields["pipeline_layout"])
         split_rows.append((pp, vpp, fields))
@@ -606,6 +658,8 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
         "account_for_loss": field_col("account_for_loss_in_pipeline_split", False).astype(bool),
         "layout_id": np.array([layouts.index(r[2]["pipeline_layout"]) if "pipeline_layout" in r[2] else NO_VALUE
                                for r in split_rows], dtype=np.int64)[split_idx],
+        "schedule": np.array([SCHEDULE_CODES[r[2].get("pipeline_schedule") or "1f1b"] for r in split_rows],
+                             dtype=np.int64)[split_idx],
         # the algorithms' resting values; _with_algorithms adds the others where they matter
         "moe_a2a_hierarchical": np.zeros(len(g), dtype=bool), "cp_comm": np.zeros(len(g), dtype=np.int64),
     }

@@ -56,12 +56,15 @@ DOMAIN = 4
 ALTERNATIVES = {"tp": [1], "pp": [1], "vpp": [2], "cp": [1], "ep": [1], "etp": [2], "micro_batch_size": [2],
                 "global_batch_size": [128], "first_stage_layers": [2], "last_stage_layers": [2],
                 "recompute_num_layers": [1], "pipeline_layout": ["Ettt|ttmL"],
+                # interleaved needs vpp > 1: the vpp alternative is that plan
+                "pipeline_schedule": ["1f1b", "dualpipe", "dualpipev"],
                 "recompute_modules": [[m] for m in ("layernorm", "mla_up_proj", "moe_act", "mlp", "moe",
                                                     "shared_experts")]}
 # The field needs this around it to matter.
 CONTEXT = {"recompute_modules": {"recompute": "selective"}, "recompute_num_layers": {"recompute": "full"}}
 NO_FLAG = {"dp", "moe_load_imbalance", "moe_expert_load", "moe_expert_skew"}  # FIELDS says why
-SAME_AS_DEFAULT = {("sequence_parallel", True), ("data_parallel_sharding_strategy", "optim")}
+SAME_AS_DEFAULT = {("sequence_parallel", True), ("data_parallel_sharding_strategy", "optim"),
+                   ("pipeline_schedule", "1f1b")}
 
 
 def _values(name: str) -> list:

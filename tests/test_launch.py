@@ -97,6 +97,8 @@ MINDSPEED_OWN_ARGS = [
     "--pipeline-model-parallel-layout",    # features_manager/pipeline_parallel/pipeline_model_parallel_layout_feature.py
     "--ulysses-degree-in-cp",              # features_manager/context_parallel/ulysses_context_parallel.py
     "--reuse-fp32-param",                  # features_manager/memory/reuse_fp32_param.py
+    "--schedules-method",                  # features_manager/pipeline_parallel/dualpipev_feature.py (choices: dualpipev)
+    "--moe-fb-overlap",                    # features_manager/moe/fb_overlap.py
     # ... and MindSpeed-LLM's own, at c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91:
     "--recompute-mla-up-proj", "--mla-up-proj-tp-overlap", "--mla-mm-split",  # .../multi_latent_attention/mla_feature.py
     "--context-parallel-algo",             # features_manager/context_parallel/context_parallel_feature.py
@@ -208,7 +210,9 @@ def check_mindspeed(spec, cfg: dict, domain: int | None = None) -> dict:
         assert "--noop-layers" not in f and "--num-layers-per-virtual-pipeline-stage" not in f
         return f
     layers = int(_one(f, "--num-layers"))
-    stages = c.pp * c.vpp
+    dualpipev = c.schedule == "dualpipev"
+    assert (_one(f, "--schedules-method") == "dualpipev") if dualpipev else "--schedules-method" not in f
+    stages = 2 * c.pp if dualpipev else c.pp * c.vpp
     assert layers % stages == 0 and layers >= spec.num_layers
     noop = [int(x) for x in _one(f, "--noop-layers").split(",")] if "--noop-layers" in f else []
     assert layers - len(noop) == spec.num_layers
@@ -219,7 +223,10 @@ def check_mindspeed(spec, cfg: dict, domain: int | None = None) -> dict:
     counts = [sum(1 for i in range(v * per, (v + 1) * per) if i not in noop) for v in range(stages)]
     assert counts == [t.count("t") for t in stage_tokens(c, spec)]
     assert ("--use-ascend-mc2" in f) == c.tp_comm_overlap
-    assert ("--moe-alltoall-overlap-comm" in f) == (c.moe_a2a_overlap and spec.is_moe)
+    overlap = "--moe-fb-overlap" if dualpipev else "--moe-alltoall-overlap-comm"
+    assert (overlap in f) == (c.moe_a2a_overlap and spec.is_moe)
+    if dualpipev:  # MindSpeed's DualpipeVFeature refuses these with it
+        assert "--overlap-grad-reduce" not in f and "--num-layers-per-virtual-pipeline-stage" not in f
     if spec.is_moe and isinstance(spec.moe_layer_freq, list):
         pattern = eval(_one(f, "--moe-layer-freq"))  # noqa: S307 - Megatron evaluates this expression too
         assert len(pattern) == layers and [pattern[i] for i in range(layers) if i not in noop] == spec.moe_layer_freq

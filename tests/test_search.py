@@ -14,8 +14,8 @@ import hardware_profiles
 import model_presets
 from costmodel import ConfigBatch, TrainingConfig, evaluate_batch
 from search import SearchRequest, SpaceError, build_space, run_search, validate_fixed
-from search.space import (CP_VALUES, ETP_VALUES, MBS_VALUES, SPLIT_BALANCED, SPLIT_EVEN, SPLIT_FIRST_LAST,
-                          SPLIT_SLOTS, _split_fields, divisors)
+from search.space import (CP_VALUES, ETP_VALUES, MBS_VALUES, SPLIT_BALANCED, SPLIT_DUALPIPE, SPLIT_DUALPIPEV,
+                          SPLIT_EVEN, SPLIT_FIRST_LAST, SPLIT_SLOTS, _split_fields, divisors)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ CANON_FIELDS = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 1, "micro_b
                 "recompute": "none", "recompute_modules": None, "recompute_num_layers": None,
                 "distributed_optimizer": True, "first_stage_layers": None, "last_stage_layers": None,
                 "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
-                "pipeline_layout": None, "moe_a2a_overlap": False, "moe_a2a_algorithm": "hierarchical", "cp_comm_type": "p2p"}
+                "pipeline_layout": None, "pipeline_schedule": None, "overlap_grad_reduce": True, "overlap_param_gather": True, "moe_a2a_overlap": False, "moe_a2a_algorithm": "hierarchical", "cp_comm_type": "p2p"}
 
 
 def _canon(cfg: dict) -> tuple:
@@ -48,10 +48,13 @@ def _brute_force(spec, profile, devices, gbs) -> set:
     for tp, cp, pp, vpp, mode, ep, etp, mbs in itertools.product(
             [t for t in divisors(heads_gcd) if t <= domain], CP_VALUES,
             [p for p in divisors(devices) if p <= spec.num_layers], range(1, 9),
-            (SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST, SPLIT_BALANCED), divisors(spec.num_experts) if spec.is_moe else [1],
+            (SPLIT_EVEN, SPLIT_SLOTS, SPLIT_FIRST_LAST, SPLIT_BALANCED, SPLIT_DUALPIPEV, SPLIT_DUALPIPE), divisors(spec.num_experts) if spec.is_moe else [1],
             ETP_VALUES if spec.is_moe else (1,), MBS_VALUES):
         split = None if (vpp > 1 and pp == 1) else _split_fields(spec, pp, vpp, mode)
         if split is not None:
+            # DualPipe splits reduce gradients after the step (MindSpeed refuses the overlap with DualPipeV)
+            off = {"overlap_grad_reduce": False, "overlap_param_gather": False}
+            split = {**split, **off} if "pipeline_schedule" in split else split
             layouts.append({"tp": tp, "cp": cp, "pp": pp, "vpp": vpp, "ep": ep, "etp": etp,
                             "micro_batch_size": mbs, "global_batch_size": gbs, "sequence_parallel": tp > 1, **split})
     models = [TrainingConfig.model_validate(c) for c in layouts]

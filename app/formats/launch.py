@@ -175,6 +175,7 @@ def launch_args(config: dict | TrainingConfig, spec: ModelSpec, fmt: str = "mega
         i = split.index("--num-virtual-stages-per-pipeline-rank")
         split = split[:i] + split[i + 2:]
     a = ["--tensor-model-parallel-size", str(cfg.tp), "--pipeline-model-parallel-size", str(cfg.pp), *split,
+         *g["schedule"],
          "--context-parallel-size", str(cfg.cp), "--expert-model-parallel-size", str(cfg.ep),
          "--expert-tensor-parallel-size", str(cfg.etp),
          "--micro-batch-size", str(cfg.micro_batch_size), "--global-batch-size", str(cfg.global_batch_size)]
