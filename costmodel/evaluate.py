@@ -4,11 +4,12 @@ Per micro-batch, each pipeline stage costs its layers' compute plus the communic
 hidden; the slowest stage sets the 1F1B steady state and the bubble (Narayanan et al. SC21 §2.2).
 The step adds the exposed data-parallel synchronisation and the optimizer step of the busiest stage:
 
-    step = m · t_stage + (pp − 1)/vpp · t_stage + dp_exposed + optimizer
+    step = m · t_stage + (pp − 1)/vpp · t_stage + dp_exposed + optimizer + stragglers
 
 with m = global_batch_size / (micro_batch_size · dp) micro-batches. Under DualPipe each micro-batch
 passes one of a rank's two stages (m/2 · t_stage) and the bubble is DeepSeek-V3 Table 2's; under
-DualPipeV MindSpeed's (``pipeline.dualpipe_bubble_s``). Every part of the breakdown is one of these
+DualPipeV MindSpeed's (``pipeline.dualpipe_bubble_s``). The step then waits for the slowest
+data-parallel replica (``stragglers.straggler_s``). Every part of the breakdown is one of these
 terms, so they add up to the step time.
 """
 
@@ -18,14 +19,14 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 
 import numpy as np
 
-from . import comm, layers, memory, pipeline, validity
+from . import comm, layers, memory, pipeline, stragglers, validity
 from .batch import DUALPIPE, NO_VALUE, ConfigBatch
 from .flops import model_flops_per_token
 from .hardware import Hardware
 from .spec import ClusterProfile, ModelSpec
 
 TIME_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "pp_p2p_s",
-             "dp_comm_exposed_s", "optimizer_s")
+             "dp_comm_exposed_s", "optimizer_s", "straggler_s")
 # Adam step per local parameter (fp32): read weight, gradient, two moments (16 B); write weight and
 # moments (12 B); write the bf16 copy (2 B).
 ADAM_BYTES_PER_PARAM = 30
@@ -616,10 +617,12 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     optimizer = (ADAM_BYTES_PER_PARAM * local_params / hw.hbm_bytes_per_s).max(axis=0)
 
     passes = m * visits
-    step = passes * t_stage + bubble + dp_exposed + optimizer
+    replica_step = passes * t_stage + bubble + dp_exposed + optimizer
+    straggler = stragglers.straggler_s(replica_step, dp, hw.straggler_cv)
+    step = replica_step + straggler
     time = {"compute_s": passes * pick(compute), "tp_comm_s": passes * pick(tp_t), "cp_comm_s": passes * pick(cp_t),
             "ep_comm_s": passes * pick(ep_t), "pp_bubble_s": bubble, "pp_p2p_s": passes * pick(p2p),
-            "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer}
+            "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer, "straggler_s": straggler}
 
     # Memory of each stage at its peak: model states, activations of the micro-batches in flight,
     # the output layer's logits (one micro-batch), transient buffers and the framework's share.

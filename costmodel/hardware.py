@@ -34,6 +34,7 @@ class Hardware:
     softmax_scores_per_s: float  # attention score elements the vector units process per second
     moe_gemm_eff_ratio: float  # grouped expert GEMMs relative to dense GEMMs of the same size
     pp_chunk_overhead_s: float  # blocking send/recv handshake of one pipeline chunk, per pass
+    straggler_cv: float  # step-time coefficient of variation of one data-parallel replica (stragglers.py)
 
     @classmethod
     def from_profile(cls, p: ClusterProfile) -> "Hardware":
@@ -62,4 +63,5 @@ class Hardware:
             softmax_scores_per_s=p.eff("softmax_gscores_per_s") * 1e9,
             moe_gemm_eff_ratio=p.eff("moe_gemm_eff_ratio") or 1.0,
             pp_chunk_overhead_s=p.eff("pp_chunk_overhead_us") * 1e-6,
+            straggler_cv=p.eff("straggler_cv"),
         )

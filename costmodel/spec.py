@@ -281,6 +281,9 @@ EFFICIENCY_KEYS = (
     "layer_overhead_us", "softmax_gscores_per_s", "moe_gemm_eff_ratio",
     "pp_chunk_overhead_us",
 )
+# Factors a profile may omit, with the value that leaves the model as it was before they existed (a
+# profile written before a factor was added keeps its predictions).
+OPTIONAL_EFFICIENCY = {"straggler_cv": 0.0}
 REQUIRED_FACTS = (
     "peak_bf16_tflops", "peak_fp8_tflops", "memory_gib", "hbm_bandwidth_gbps", "devices_per_node",
     "scale_up_domain", "scale_up_bandwidth_gbps", "scale_out_bandwidth_gbps", "scale_up_latency_us",
@@ -329,6 +332,8 @@ class ClusterProfile(BaseModel):
         return self.facts[key].value
 
     def eff(self, key: str) -> float:
+        if key not in self.efficiency and key in OPTIONAL_EFFICIENCY:
+            return OPTIONAL_EFFICIENCY[key]
         v = self.efficiency[key].value
         return 0.0 if v is None else float(v)
 

@@ -80,6 +80,8 @@ ROUND_EFFICIENCY = {
     "hbm_eff": 0.8, "scale_up_bw_eff": 0.75, "scale_out_bw_eff": 0.8, "tp_overlap": 0.6,
     "ep_overlap": 0.7, "dp_overlap": 0.9, "layer_overhead_us": 50.0, "softmax_gscores_per_s": 3900.0,
     "moe_gemm_eff_ratio": 1.0, "pp_chunk_overhead_us": 0.0,
+    # the hand-worked effects are each alone: no straggler wait (tests/test_stragglers.py has it)
+    "straggler_cv": 0.0,
 }
 
 

@@ -30,7 +30,7 @@ from .describe import config_brief, layout_brief, margin_mark, variant_brief
 
 PLOT_IDS = ("plot-time", "plot-memory", "plot-pareto", "plot-history")
 TIME_PARTS = ("compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "pp_p2p_s",
-              "dp_comm_exposed_s", "optimizer_s")
+              "dp_comm_exposed_s", "optimizer_s", "straggler_s")
 MAX_PLOTTED = 10  # the time and memory plots show at most this many of the top configs
 COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6",
            "#9d755d", "#bab0ac")

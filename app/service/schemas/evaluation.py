@@ -28,6 +28,8 @@ class TimeBreakdown(_Open):
     pp_p2p_s: float | None
     dp_comm_exposed_s: float | None
     optimizer_s: float | None
+    straggler_s: float | None = Field(None, description="waiting for the slowest data-parallel replica "
+                                                         "(docs/costmodel.md, Stragglers)")
 
 
 class MemoryBreakdown(_Open):
