@@ -1,0 +1,137 @@
+"""Inference (rollout) costs: KV-cache memory, prefill and decode of one engine instance.
+
+The first part of RL planning (issue 13): a rollout engine instance (vLLM / vLLM-Ascend) spans ``tp``
+devices; dense weights and attention heads are split over them, a MoE model's experts too (expert
+parallel inside the instance: ``--enable-expert-parallel``, EP = TP). Arrays are per instance config,
+broadcast together; sizes bytes, times seconds.
+
+- **KV cache** per token: GQA keeps K and V of every query group, 2 · g · d per layer, the groups split
+  over tp and replicated where tp > g (vLLM's KV-head replication); MLA keeps one compressed latent
+  and the decoupled RoPE key, kv_lora_rank + rope dims per layer (DeepSeek-V2 §2.1.2, Table 1),
+  which every tp rank holds whole (the latent is not split by head).
+- **Prefill** is compute-bound: the forward matmuls (2 × active weights per token, the training
+  FLOP count's forward third) plus causal attention over the prompt.
+- **Decode** is memory-bound: each step reads the device's weights (for MoE, the experts the batch
+  touches) and every sequence's KV cache, with the matmuls' compute as the floor, and pays two TP
+  all-reduces per layer (row-parallel outputs, Shoeybi et al. 2019; vLLM's FusedMoE reduces the
+  experts' outputs with one all-reduce too, with or without expert parallelism inside the instance).
+
+Not yet modelled: expert parallelism across instances (DeepEP-style decode), pipeline parallelism in
+the engine, speculative decoding, and the prefix cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import comm
+from .flops import attention_params, dense_layer_matmul_params, moe_layer_active_matmul_params, total_params
+from .hardware import Hardware
+from .spec import ModelSpec
+
+BF16_BYTES = 2
+
+
+def kv_bytes_per_token(spec: ModelSpec, tp, kv_bytes: float = BF16_BYTES) -> np.ndarray:
+    """KV-cache bytes one token of context holds on one device of a ``tp``-wide instance, all layers."""
+    tp = np.asarray(tp)
+    if spec.multi_latent_attention:
+        per_layer = (spec.kv_lora_rank + (spec.qk_pos_emb_head_dim or 0)) * kv_bytes + 0 * tp
+    else:
+        groups_per_rank = np.ceil(spec.query_groups / tp)
+        per_layer = 2 * groups_per_rank * spec.head_dim * kv_bytes
+    return spec.num_layers * per_layer
+
+
+def weight_bytes_per_device(spec: ModelSpec, tp, weight_bytes: float = BF16_BYTES) -> np.ndarray:
+    """Weights one device of a ``tp``-wide instance holds: everything split over tp except MLA's
+    latent down-projections, which every rank keeps whole (as in training, ``flops.attention_params``)."""
+    tp = np.asarray(tp)
+    replicated = attention_params(spec).replicated * spec.num_layers
+    return weight_bytes * ((total_params(spec) - replicated) / tp + replicated)
+
+
+def _layer_counts(spec: ModelSpec) -> tuple[int, int]:
+    n_moe = sum(spec.moe_layer_pattern())
+    return spec.num_layers - n_moe, n_moe
+
+
+def active_params_per_token(spec: ModelSpec) -> float:
+    """Matmul weights one token passes through in the forward (the output head included)."""
+    n_dense, n_moe = _layer_counts(spec)
+    params = n_dense * dense_layer_matmul_params(spec) + spec.vocab_size * spec.hidden_size
+    if n_moe:
+        params += n_moe * moe_layer_active_matmul_params(spec)
+    return float(params)
+
+
+def experts_touched(spec: ModelSpec, tokens) -> np.ndarray:
+    """Expected distinct experts of one MoE layer that ``tokens`` tokens route to (top-k each, uniform
+    routing): E · (1 − (1 − k/E)^tokens). Decode reads only those experts' weights."""
+    e, k = spec.num_experts, spec.moe_router_topk
+    return e * (1.0 - (1.0 - k / e) ** np.asarray(tokens, dtype=np.float64))
+
+
+def _expert_bytes(spec: ModelSpec, weight_bytes: float) -> float:
+    return weight_bytes * (3 if spec.swiglu else 2) * spec.hidden_size * spec.expert_ffn
+
+
+def decode_weight_read_bytes(spec: ModelSpec, tp, batch, weight_bytes: float = BF16_BYTES) -> np.ndarray:
+    """Weight bytes one device reads in one decode step of ``batch`` sequences: all of its weights
+    for a dense model; for MoE, all but the routed experts, and of those only the ones the batch
+    touches (each device holds E/tp of them)."""
+    held = weight_bytes_per_device(spec, tp, weight_bytes)
+    if not spec.is_moe:
+        return held + 0 * np.asarray(batch)
+    _, n_moe = _layer_counts(spec)
+    all_experts = n_moe * spec.num_experts * _expert_bytes(spec, weight_bytes) / np.asarray(tp)
+    touched = n_moe * experts_touched(spec, batch) * _expert_bytes(spec, weight_bytes) / np.asarray(tp)
+    return held - all_experts + touched
+
+
+def attention_flops(spec: ModelSpec, queries, context) -> np.ndarray:
+    """Forward FLOPs of the score and value products of ``queries`` query tokens attending to
+    ``context`` keys each, all layers: 2 · heads · (qk + v) per query and key."""
+    return (2.0 * spec.num_attention_heads * (spec.qk_dim + spec.v_dim) * spec.num_layers
+            * np.asarray(queries, dtype=np.float64) * np.asarray(context, dtype=np.float64))
+
+
+def _tp_comm_s(spec: ModelSpec, hw: Hardware, tp, tokens) -> np.ndarray:
+    """Two all-reduces of the hidden states per layer (attention and MLP outputs), each ``tokens``·h
+    in bf16, over the instance's tp ranks (adjacent: stride 1)."""
+    nbytes = BF16_BYTES * spec.hidden_size * np.asarray(tokens, dtype=np.float64)
+    per = comm.all_reduce_s(nbytes, 1, np.asarray(tp), hw)
+    return 2 * spec.num_layers * np.where(np.asarray(tp) > 1, per, 0.0)
+
+
+def prefill_s(spec: ModelSpec, hw: Hardware, tp, prompts, prompt_len) -> np.ndarray:
+    """Time for one instance to prefill ``prompts`` prompts of ``prompt_len`` tokens: the forward
+    matmuls and causal attention at the large-GEMM efficiency of the profile, split over tp, plus
+    the TP all-reduces."""
+    tokens = np.asarray(prompts, dtype=np.float64) * prompt_len
+    matmul = 2.0 * active_params_per_token(spec) * tokens
+    attn = attention_flops(spec, tokens, prompt_len / 2.0)  # causal: each query sees half on average
+    compute = matmul / (np.asarray(tp) * hw.peak_bf16_flops * hw.gemm_eff_max) \
+        + attn / (np.asarray(tp) * hw.peak_bf16_flops * hw.attn_eff)
+    return compute + _tp_comm_s(spec, hw, tp, tokens)
+
+
+def decode_step_s(spec: ModelSpec, hw: Hardware, tp, batch, context) -> np.ndarray:
+    """One decode step of ``batch`` sequences with ``context`` tokens of context each: the slower of
+    reading weights and KV cache from HBM and the matmuls' compute, plus per-layer launch overhead
+    (one forward pass) and the TP all-reduces."""
+    batch = np.asarray(batch, dtype=np.float64)
+    read = decode_weight_read_bytes(spec, tp, batch) + batch * context * kv_bytes_per_token(spec, tp)
+    memory = read / hw.hbm_bytes_per_s
+    flops = 2.0 * active_params_per_token(spec) * batch + attention_flops(spec, batch, context)
+    compute = flops / (np.asarray(tp) * hw.peak_bf16_flops * hw.gemm_eff_max)
+    return np.maximum(memory, compute) + spec.num_layers * hw.layer_overhead_s + _tp_comm_s(spec, hw, tp, batch)
+
+
+def max_decode_batch(spec: ModelSpec, hw: Hardware, tp, context, memory_fraction: float = 0.9) -> np.ndarray:
+    """Most sequences of ``context`` tokens one instance keeps in flight: the KV cache fills what
+    ``memory_fraction`` of each device (vLLM's ``--gpu-memory-utilization``) leaves after the weights
+    and the framework's overhead. 0 where the weights alone do not fit."""
+    room = hw.memory_bytes * memory_fraction - weight_bytes_per_device(spec, tp) - hw.framework_overhead_bytes
+    per_seq = kv_bytes_per_token(spec, tp) * context
+    return np.maximum(np.floor(room / per_seq), 0.0)
