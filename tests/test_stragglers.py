@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -88,9 +87,8 @@ def _series_drift(errors_by_series):
 def test_calibrated_wait_takes_out_the_drift_with_scale():
     """The published series of one model at several scales drift less with the fitted factor than
     with none: without it the error grows with the device count."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import calibrate
     import hardware_profiles
+    from hardware_profiles import calibrate
     from app.formats.validation import read_runs
     from costmodel import ConfigBatch, evaluate_batch
 

@@ -372,6 +372,10 @@ from .commands.export import export  # noqa: E402 - training-script arguments (a
 
 main.add_command(export)
 
+from .commands.calibrate import calibrate  # noqa: E402 - a profile refitted on the team's own runs
+
+main.add_command(calibrate)
+
 
 if __name__ == "__main__":
     main()

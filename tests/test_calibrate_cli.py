@@ -1,0 +1,138 @@
+"""``paraplan calibrate`` (issue 14 item 1, the command line): the team's runs in, a fitted profile out.
+
+The measured runs are synthesised from a known, changed 910B profile (GEMMs 10 % faster), so the fit
+has a right answer to recover; bad files and names exit 2 naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import hardware_profiles
+import model_presets
+from costmodel.result import evaluate
+from costmodel.spec import ClusterProfile, TrainingConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = [("llama3-70b", 64, dict(tp=8, pp=4, global_batch_size=64, recompute="full")),
+        ("gpt-1.3b", 8, dict(tp=1, global_batch_size=64)),
+        ("gpt-1.3b", 16, dict(tp=2, global_batch_size=32)),
+        ("gpt-1.3b", 128, dict(tp=8, global_batch_size=64, overlap_grad_reduce=False)),
+        ("llama3-70b", 256, dict(tp=8, pp=8, global_batch_size=64, overlap_grad_reduce=False))]
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """Runs 'measured' on the 910B with GEMMs 10 % more efficient than the shipped profile says."""
+    data = hardware_profiles.load_data("ascend-910b")
+    truth = data["efficiency"]["gemm_eff_max"]["value"] * 1.1
+    data["efficiency"]["gemm_eff_max"]["value"] = truth
+    changed = ClusterProfile.model_validate(data)
+    runs = []
+    for i, (model, devices, cfg) in enumerate(RUNS):
+        r = evaluate(model_presets.load(model), changed, devices, TrainingConfig.model_validate(cfg))
+        assert r["feasible"], r["infeasible_reasons"]
+        runs.append({"name": f"team-{i}", "cluster": "ascend-910b", "devices": devices, "model": model,
+                     "config": cfg, "reported": {"tokens_per_s_per_device": r["tokens_per_s_per_device"]}})
+    path = tmp_path_factory.mktemp("cal") / "runs.json"
+    path.write_text(json.dumps(runs))
+    return path, truth, runs
+
+
+@pytest.fixture(scope="module")
+def fitted(measured, tmp_path_factory):
+    runs_file, _, _ = measured
+    out = tmp_path_factory.mktemp("cal") / "our-910b.yaml"
+    proc = cli("calibrate", str(runs_file), "--cluster", "ascend-910b", "-o", str(out), "--max-evals", "400", "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), out
+
+
+def test_recovers_the_changed_gemm_efficiency(measured, fitted):
+    _, truth, _ = measured
+    report, _ = fitted
+    assert report["factors"]["gemm_eff_max"]["after"] == pytest.approx(truth, rel=0.02)
+    assert report["mape_before"] > 0.03  # the shipped profile is 4-7 % slow on these runs
+    assert report["mape_after"] < 0.005
+
+
+def test_written_profile_loads_and_predicts_the_runs(measured, fitted):
+    _, _, runs = measured
+    report, out = fitted
+    data = yaml.safe_load(out.read_text())
+    assert data["name"] == "our-910b" and data["calibration"]["fitted_from"] == "ascend-910b"
+    assert "paraplan calibrate" in data["efficiency"]["gemm_eff_max"]["source"]
+    proc = cli("evaluate", "--model", runs[1]["model"], "--cluster", str(out), "--devices", str(runs[1]["devices"]),
+               "--config", json.dumps(runs[1]["config"]), "--json")
+    assert proc.returncode == 0, proc.stderr
+    predicted = json.loads(proc.stdout)["tokens_per_s_per_device"]
+    assert predicted == pytest.approx(runs[1]["reported"]["tokens_per_s_per_device"], rel=0.01)
+
+
+def test_reports_the_published_set_before_and_after(fitted):
+    report, _ = fitted
+    pub = report["published"]
+    published = ROOT.parent / "shared" / "validation" / "calibration_runs.json"
+    if not published.is_file():
+        assert pub is None
+        return
+    assert pub["runs"] == sum(1 for r in json.loads(published.read_text()) if r["cluster"] == "ascend-910b")
+    assert report["published_worse"] == (pub["mape_after"] > pub["mape_before"] + 0.05)
+
+
+def test_a_refit_that_spoils_the_published_set_is_reported(tmp_path):
+    """Runs 'measured' on a cluster three times slower than any published 910B: the fit follows them
+    and the published set's error rises, which the command says."""
+    model, devices, cfg = RUNS[1]
+    r = evaluate(model_presets.load(model), hardware_profiles.load("ascend-910b"), devices,
+                 TrainingConfig.model_validate(cfg))
+    runs = [{"name": "slow", "cluster": "ascend-910b", "devices": devices, "model": model, "config": cfg,
+             "reported": {"tokens_per_s_per_device": r["tokens_per_s_per_device"] / 3}}]
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    proc = cli("calibrate", str(tmp_path / "runs.json"), "--cluster", "ascend-910b", "-o", str(tmp_path / "slow.yaml"),
+               "--max-evals", "200", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    if report["published"] is not None:
+        assert report["published_worse"] is True
+        assert "worse" in proc.stderr
+
+
+@pytest.mark.parametrize("runs,field", [
+    ("not json", "RUNS"),
+    (json.dumps([{"name": "x", "cluster": "ascend-910b", "devices": 8, "model": "gpt-1.3b", "config": {"tp": 1}}]),
+     "runs[0].reported"),
+    (json.dumps([{"name": "x", "cluster": "ascend-910b", "devices": 8, "model": "gpt-1.3b", "config": {"tp": 1},
+                  "reported": {"tokens_per_s_per_device": -1}}]), "runs[0].reported.tokens_per_s_per_device"),
+    (json.dumps([{"name": "x", "cluster": "ascend-910b", "devices": 8, "model": "no-such-model", "config": {"tp": 1},
+                  "reported": {"tokens_per_s_per_device": 100}}]), "runs[0] (x)"),
+])
+def test_bad_runs_files_exit_2_naming_the_field(tmp_path, runs, field):
+    (tmp_path / "runs.json").write_text(runs)
+    proc = cli("calibrate", str(tmp_path / "runs.json"), "--cluster", "ascend-910b", "-o", str(tmp_path / "p.yaml"))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"error: {field}"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_shipped_name_is_refused(measured, tmp_path):
+    runs_file, _, _ = measured
+    proc = cli("calibrate", str(runs_file), "--cluster", "ascend-910b", "-o", str(tmp_path / "ascend-910b.yaml"))
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --name:"), proc.stderr
+
+
+def test_an_unknown_cluster_exits_2(measured, tmp_path):
+    runs_file, _, _ = measured
+    proc = cli("calibrate", str(runs_file), "--cluster", "nope", "-o", str(tmp_path / "p.yaml"))
+    assert proc.returncode == 2 and proc.stderr.startswith("error: cluster:"), proc.stderr
