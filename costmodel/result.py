@@ -32,7 +32,16 @@ def infeasible_reasons(br: BatchResult, i: int) -> list[dict]:
         reasons.append({"code": "oom", "message": (
             f"stage {int(br.peak_rank[i])} needs {br.peak_bytes[i] / GIB:.1f} GiB of "
             f"{br.capacity_bytes / GIB:.1f} (over by {(br.peak_bytes[i] - br.capacity_bytes) / GIB:.1f} GiB)")})
+    if br.valid[i] and _offloads(br, i) and br.host_bytes_per_node[i] > br.host_capacity_bytes:
+        reasons.append({"code": "host_oom", "message": (
+            f"offloaded activations need {br.host_bytes_per_node[i] / GIB:.1f} GiB of host memory per node of "
+            f"{br.host_capacity_bytes / GIB:.1f} (offload_modules; over by "
+            f"{(br.host_bytes_per_node[i] - br.host_capacity_bytes) / GIB:.1f} GiB)")})
     return reasons
+
+
+def _offloads(br: BatchResult, i: int) -> bool:
+    return br.offload_modules is not None and bool(br.offload_modules[i])
 
 
 def calibration_warnings(profile: ClusterProfile, spec: ModelSpec, config: TrainingConfig,
@@ -68,7 +77,8 @@ def result_dict(br: BatchResult, i: int, profile: ClusterProfile, warnings: list
         "model_tflops_per_device": val(br.model_tflops_per_device[i]),
         "mfu": val(br.mfu[i]),
         "hfu": val(br.hfu[i]),
-        "time": {k: val(br.time[k][i]) for k in TIME_KEYS},
+        # offload_s (extends the contract) only where something is offloaded: elsewhere it is 0
+        "time": {k: val(br.time[k][i]) for k in TIME_KEYS if k != "offload_s" or _offloads(br, i)},
         "memory": {
             "peak_gib": val(br.peak_bytes[i] / GIB),
             "capacity_gib": br.capacity_bytes / GIB,
@@ -81,9 +91,20 @@ def result_dict(br: BatchResult, i: int, profile: ClusterProfile, warnings: list
             "buffers_gib": val(br.buffers_bytes[i] / GIB),
             "overhead_gib": val(br.overhead_bytes / GIB),
             "per_stage_peak_gib": [val(v) for v in per_stage] if valid else None,
+            **(_host_memory(br, i, val) if _offloads(br, i) else {}),
         },
         "versions": {"paraplan": PARAPLAN_VERSION, "profile": profile.version()},
     }
+
+
+def _host_memory(br: BatchResult, i: int, val) -> dict:
+    """What activation offload moves to host memory (extends the contract): per device at the peak
+    stage and per stage, and per node against the node's host memory."""
+    per_stage = br.stage_offloaded(i) / GIB
+    return {"offloaded_gib": val(per_stage[int(br.peak_rank[i])]),
+            "per_stage_offloaded_gib": [val(v) for v in per_stage] if bool(br.valid[i]) else None,
+            "host_per_node_gib": val(br.host_bytes_per_node[i] / GIB),
+            "host_capacity_gib": br.host_capacity_bytes / GIB}
 
 
 def evaluate(spec: ModelSpec, profile: ClusterProfile, devices: int, config: TrainingConfig) -> dict:
