@@ -28,7 +28,7 @@ def infeasible_reasons(br: BatchResult, i: int) -> list[dict]:
     reasons = [{"code": r.code, "message": r.message(i)} for r in br.rules if r.broken[i]]
     if br.broken["pipeline_split"][i]:
         reasons.append({"code": "pipeline_split", "message": br.stages.errors[br.stages.split_index[i]]})
-    if br.valid[i] and not br.feasible[i]:
+    if br.valid[i] and not br.feasible[i] and br.peak_bytes[i] > br.capacity_bytes:
         reasons.append({"code": "oom", "message": (
             f"stage {int(br.peak_rank[i])} needs {br.peak_bytes[i] / GIB:.1f} GiB of "
             f"{br.capacity_bytes / GIB:.1f} (over by {(br.peak_bytes[i] - br.capacity_bytes) / GIB:.1f} GiB)")})
