@@ -99,7 +99,8 @@ def result_dict(br: BatchResult, i: int, profile: ClusterProfile, warnings: list
 
 def _host_memory(br: BatchResult, i: int, val) -> dict:
     """What activation offload moves to host memory (extends the contract): per device at the peak
-    stage and per stage, and per node against the node's host memory."""
+    stage and per stage, and per node against the node's host memory. ``evaluate_many`` adds each
+    stage's peak without offload (``per_stage_peak_without_offload_gib``)."""
     per_stage = br.stage_offloaded(i) / GIB
     return {"offloaded_gib": val(per_stage[int(br.peak_rank[i])]),
             "per_stage_offloaded_gib": [val(v) for v in per_stage] if bool(br.valid[i]) else None,
@@ -119,11 +120,18 @@ def evaluate_many(spec: ModelSpec, profile: ClusterProfile, devices: int,
     if not configs:
         return []
     resolved = [routing.resolved(spec, c) for c in configs]
-    br = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs([c for c, _ in resolved]),
-                        all_stages=True)
+    # Configs that offload are scored again without it (appended to the batch): the result shows each
+    # stage's peak both ways.
+    offloading = [i for i, (c, _) in enumerate(resolved) if c.offload_modules]
+    batch = [c for c, _ in resolved] + [resolved[i][0].model_copy(update={"offload_modules": None}) for i in offloading]
+    br = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs(batch), all_stages=True)
+    without = dict(zip(offloading, range(len(resolved), len(batch))))
     out = []
     for i, (c, report) in enumerate(resolved):
         res = result_dict(br, i, profile, calibration_warnings(profile, spec, c, devices))
+        if i in without and br.valid[i]:
+            res["memory"]["per_stage_peak_without_offload_gib"] = [
+                _num(v) for v in (br.stage_peaks(without[i]) / GIB).tolist()]
         if report is not None:  # extends the contract: the imbalance the routing and placement give
             res["moe_routing"] = report
         out.append(res)

@@ -47,7 +47,7 @@ def non_finite_fields(result: dict) -> list[str]:
                                            "model_tflops_per_device", "mfu", "hfu")]
     fields += [(f"time.{k}", v) for k, v in (result.get("time") or {}).items()]
     memory = result.get("memory") or {}
-    lists = ("per_stage_peak_gib", "per_stage_offloaded_gib")
+    lists = ("per_stage_peak_gib", "per_stage_offloaded_gib", "per_stage_peak_without_offload_gib")
     fields += [(f"memory.{k}", v) for k, v in memory.items() if k not in lists]
     fields += [(f"memory.{k}[{i}]", v) for k in lists for i, v in enumerate(memory.get(k) or [])]
     return [k for k, v in fields if not isinstance(v, (int, float)) or not math.isfinite(v)]
