@@ -12,12 +12,13 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from .spec import RECOMPUTE_MODULES, TrainingConfig
+from .spec import OFFLOAD_MODULES, RECOMPUTE_MODULES, TrainingConfig
 
 RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 PRECISION_CODES = {"bf16": 0, "fp8": 1}
 MODULE_BITS = {m: 1 << i for i, m in enumerate(RECOMPUTE_MODULES)}
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+OFFLOAD_BITS = {m: 1 << i for i, m in enumerate(OFFLOAD_MODULES)}
 # Documented default for moe_load_imbalance (max/mean routed tokens per EP rank) when a config does not
 # set it: dropless training with an auxiliary balance loss keeps the busiest EP rank roughly 10-20 %
 # above the mean (DeepSeek-V3 §2.1.2 reports well-balanced but not perfectly balanced expert load).
@@ -34,7 +35,7 @@ DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 # TrainingConfig's defaults for them (see ``__post_init__``), so a new field never changes what an
 # older caller scores.
 _LATER_COLUMNS = ("moe_a2a_hierarchical", "cp_comm", "main_grads_bytes", "main_params_bytes",
-                  "exp_avg_bytes", "exp_avg_sq_bytes", "schedule")
+                  "exp_avg_bytes", "exp_avg_sq_bytes", "schedule", "offload_modules")
 
 
 @functools.cache
@@ -43,10 +44,11 @@ def _default_row() -> "ConfigBatch":
     return ConfigBatch.from_configs([TrainingConfig(global_batch_size=1)])
 
 
-def modules_mask(modules) -> int:
+def modules_mask(modules, bits: dict[str, int] = MODULE_BITS) -> int:
+    """Bit mask of the named modules: recompute modules by default, ``OFFLOAD_BITS`` for offload."""
     mask = 0
     for m in modules:
-        mask |= MODULE_BITS[m]
+        mask |= bits[m]
     return mask
 
 
@@ -88,6 +90,7 @@ class ConfigBatch:
     exp_avg_sq_bytes: np.ndarray | None = None
     sharding: np.ndarray | None = None  # SHARDING_CODES; default from distributed_optimizer
     schedule: np.ndarray | None = None  # SCHEDULE_CODES
+    offload_modules: np.ndarray | None = None  # bit mask of OFFLOAD_BITS (0: nothing offloaded)
 
     @property
     def chunks(self) -> np.ndarray:
@@ -169,6 +172,7 @@ class ConfigBatch:
             exp_avg_sq_bytes=col(lambda c: DTYPE_BYTES[c.exp_avg_sq_dtype], np.float64),
             sharding=col(lambda c: SHARDING_CODES[c.sharding], np.int64),
             schedule=col(lambda c: SCHEDULE_CODES[c.schedule], np.int64),
+            offload_modules=col(lambda c: modules_mask(c.offload_modules or (), OFFLOAD_BITS), np.int64),
         )
 
     def take(self, idx: np.ndarray) -> "ConfigBatch":

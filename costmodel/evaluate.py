@@ -26,7 +26,7 @@ from .hardware import Hardware
 from .spec import ClusterProfile, ModelSpec
 
 TIME_KEYS = ("compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "pp_p2p_s",
-             "dp_comm_exposed_s", "optimizer_s", "straggler_s")
+             "dp_comm_exposed_s", "optimizer_s", "offload_s", "straggler_s")
 # Adam step per local parameter (fp32): read weight, gradient, two moments (16 B); write weight and
 # moments (12 B); write the bf16 copy (2 B).
 ADAM_BYTES_PER_PARAM = 30
@@ -74,6 +74,24 @@ class BatchResult:
     full_recompute_cap: np.ndarray | None = None
     overlap_extra_microbatches: np.ndarray | None = None  # (N,) see pipeline.a2a_overlap_extra_microbatches
     schedule: np.ndarray | None = None  # (N,) batch.SCHEDULE_CODES
+    # Activation offload: host bytes a node holds at its busiest stage (devices_per_node devices of it),
+    # the node's host memory, and each candidate stage's offloaded bytes of one micro-batch (N, K).
+    host_bytes_per_node: np.ndarray | None = None
+    host_capacity_bytes: float = 0.0
+    stage_offload_microbatch_bytes: np.ndarray | None = None
+    offload_modules: np.ndarray | None = None  # (N,) batch.OFFLOAD_BITS mask
+
+    def stage_offloaded(self, i: int) -> np.ndarray:
+        """Bytes each pipeline stage of config ``i`` holds in host memory (per device, rank order): its
+        micro-batches in flight times its offloaded bytes of one micro-batch."""
+        s = self.stages.split_index[i]
+        comps = self.stages.split_comps[s]
+        match = _first_row_match(comps, self.stages.comp[i])
+        ranks = np.arange(len(comps))[None, :]
+        held = pipeline.microbatches_in_flight(self.pp[i:i + 1], self.vpp[i:i + 1], self.microbatches[i:i + 1], ranks,
+                                               None if self.schedule is None else self.schedule[i:i + 1])[0]
+        extra = self.overlap_extra_microbatches[i]
+        return self.stage_offload_microbatch_bytes[i, match] * (held + extra * (held < self.microbatches[i]))
 
     def stage_peaks(self, i: int) -> np.ndarray:
         """Peak bytes of every pipeline stage of config ``i``, in rank order.
@@ -127,7 +145,8 @@ def _shapes(spec: ModelSpec, b: ConfigBatch, dp: np.ndarray) -> memory.Shapes:
     return memory.Shapes(tokens=tokens, tokens_sp=tokens_sp, tokens_moe=tokens_sp, routed=routed,
                          routed_mean=routed_mean,
                          tp=b.tp, cp=b.cp, ep=b.ep, etp=b.etp, modules=modules,
-                         gemm_input_bytes=np.where(b.precision == 1, 1.0, memory.BF16))
+                         gemm_input_bytes=np.where(b.precision == 1, 1.0, memory.BF16),
+                         offload=b.offload_modules)
 
 
 def _recomputed_layers_total(spec: ModelSpec, b: ConfigBatch, split_index: np.ndarray,
@@ -192,7 +211,7 @@ CHUNK_CONFIGS = 16384
 
 STAGE_KEYS = ("stage_peak_bytes", "stage_states_bytes", "stage_act_microbatch_bytes", "stage_fixed_bytes",
               "layer_act_dense_bytes", "layer_act_moe_bytes", "layer_act_mtp_bytes", "layer_input_bytes",
-              "full_recompute_cap", "overlap_extra_microbatches")
+              "full_recompute_cap", "overlap_extra_microbatches", "stage_offload_microbatch_bytes")
 
 
 def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: ConfigBatch,
@@ -204,7 +223,7 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     ``keep_stages=False`` returns no per-stage arrays at all (searches: only the peak matters, and
     not writing (N, K) outputs saves a fifth of the time)."""
     hw = Hardware.from_profile(profile)
-    rules = validity.check(spec, b, devices, profile.has_fp8)
+    rules = validity.check(spec, b, devices, profile.has_fp8, profile.has_host_link)
     st = pipeline.stage_sets(spec, b, all_stages=all_stages)
     broken = {r.code: r.broken for r in rules}
     broken["pipeline_split"] = ~st.valid
@@ -215,9 +234,12 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
         scored.setdefault(key, None)
     layer_act = tuple(scored.pop(f"layer_act_{u}_bytes") for u in ("dense", "moe", "mtp"))
     scored["layer_act_bytes"] = None if layer_act[0] is None else layer_act
-    feasible = valid & (scored["peak_bytes"] <= hw.memory_bytes)
+    # Host memory binds only where something is offloaded (a profile without a host link states none).
+    host_ok = (b.offload_modules == 0) | (scored["host_bytes_per_node"] <= hw.host_memory_bytes)
+    feasible = valid & (scored["peak_bytes"] <= hw.memory_bytes) & host_ok
     return BatchResult(valid=valid, feasible=feasible, broken=broken, rules=rules, stages=st, **scored,
                        stage_rank=st.rank if keep_stages else None, capacity_bytes=hw.memory_bytes,
+                       host_capacity_bytes=hw.host_memory_bytes, offload_modules=b.offload_modules,
                        overhead_bytes=hw.framework_overhead_bytes,
                        pp=b.pp, vpp=b.vpp, schedule=b.schedule)
 
@@ -469,6 +491,16 @@ def _replayed(st: pipeline.StageSet, split_index: np.ndarray, uneven: np.ndarray
     return np.where(uneven, best, held_act)
 
 
+def offload_exposed_s(c: layers.Cost, hw: Hardware) -> np.ndarray:
+    """Offload time one layer of cost ``c`` exposes per micro-batch (s): its offloaded bytes cross the
+    host link once in the forward (device to host) and once in the backward (host to device), each
+    copy overlapped with the next layer's compute of that pass (Megatron-Core's offload manager
+    starts a module's copy after its forward and prefetches the next layer's reload in backward:
+    fine_grained_activation_offloading.md), so only what exceeds that pass of a layer is exposed."""
+    copy_s = c.offload_bytes / hw.host_bytes_per_s if hw.host_bytes_per_s > 0 else 0.0 * c.offload_bytes
+    return np.maximum(copy_s - c.fwd_s, 0.0) + np.maximum(copy_s - c.bwd_s, 0.0)
+
+
 def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
            split_index: np.ndarray, k: int, costs=None, full_layers=None) -> dict:
     """Times, throughput and memory of configs ``b`` (no validity): their splits are ``split_index``
@@ -531,6 +563,8 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     dense_params = n_emb * col(emb.dense_params) + n_head * col(head.dense_params)
     expert_params = np.zeros_like(compute)
     transient = np.zeros_like(compute)
+    offload_t = np.zeros_like(compute)  # exposed offload and reload time of one micro-batch's passes
+    host_act = np.zeros_like(compute)  # bytes one micro-batch leaves in host memory
     for c, n, (frac, passes_overhead, one_plus_frac, one_minus_frac, frac_layer_input, frac_pos) in units:
         compute += n * (col(c.fwd_s + c.bwd_s) + sel * col(c.selective_s) + frac * col(c.fwd_s)
                         + passes_overhead)
@@ -554,6 +588,9 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
         transient = np.maximum(transient, (n > 0) * (col(c.transient_bytes) + rebuilt))
         dense_params += n * col(c.dense_params)
         expert_params += n * col(c.expert_params)
+        if c.offload_bytes.any():
+            offload_t += n * col(offload_exposed_s(c, hw))
+            host_act += n * col(c.offload_bytes)
 
     dp_cp = dp * b.cp
     p2p_stride = b.tp * b.cp * dp
@@ -562,7 +599,7 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     # interleaving (one layer per chunk) pays it per layer.
     p2p = col(np.where(b.pp > 1, 2 * b.chunks * (comm.p2p_s(memory.BF16 * shapes.tokens_sp * spec.hidden_size,
                                                            p2p_stride, hw) + hw.pp_chunk_overhead_s), 0.0))
-    stage_mb = compute + tp_t + cp_t + ep_t + p2p
+    stage_mb = compute + tp_t + cp_t + ep_t + p2p + offload_t
     crit = _first_argmax(stage_mb)
     pick = lambda x, flat=crit * N + np.arange(N): _at(x, flat)  # noqa: E731
     t_stage = pick(stage_mb)
@@ -622,7 +659,8 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     step = replica_step + straggler
     time = {"compute_s": passes * pick(compute), "tp_comm_s": passes * pick(tp_t), "cp_comm_s": passes * pick(cp_t),
             "ep_comm_s": passes * pick(ep_t), "pp_bubble_s": bubble, "pp_p2p_s": passes * pick(p2p),
-            "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer, "straggler_s": straggler}
+            "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer, "offload_s": passes * pick(offload_t),
+            "straggler_s": straggler}
 
     # Memory of each stage at its peak: model states, activations of the micro-batches in flight,
     # the output layer's logits (one micro-batch), transient buffers and the framework's share.
@@ -643,6 +681,10 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
         held_act = _replayed(st, split_index, uneven, m, held_act, unit_chunk_col, layer_act)
         held_act += uneven * act * col(overlap_extra)  # the replay holds no overlapped micro-batch
     logits = n_head * col(head.act_bytes) * (1 + spec.mtp_num_layers)
+    # Host memory holds the offloaded tensors of every micro-batch in flight; a node's devices are
+    # counted at its busiest stage (tp, cp and ep groups fill a node before pp does).
+    host_held = host_act * (in_flight + col(overlap_extra) * (in_flight < col(m)))
+    host_per_node = host_held.max(axis=0) * min(hw.devices_per_node, devices)
     fixed = logits + transient
     activations = held_act + fixed
     stage_peak = params_b + grads_b + opt_b + activations + hw.framework_overhead_bytes
@@ -680,4 +722,5 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
         stage_fixed_bytes=(fixed + hw.framework_overhead_bytes).T, microbatches=m,
         layer_act_dense_bytes=dense.act_bytes + 0 * m, layer_act_moe_bytes=moe.act_bytes + 0 * m,
         layer_act_mtp_bytes=mtp.act_bytes + 0 * m, layer_input_bytes=layer_input[0],
-        full_recompute_cap=np.where(full, rnl, 0).astype(np.float64), overlap_extra_microbatches=overlap_extra)
+        full_recompute_cap=np.where(full, rnl, 0).astype(np.float64), overlap_extra_microbatches=overlap_extra,
+        host_bytes_per_node=host_per_node, stage_offload_microbatch_bytes=host_act.T)

@@ -35,6 +35,10 @@ class Hardware:
     moe_gemm_eff_ratio: float  # grouped expert GEMMs relative to dense GEMMs of the same size
     pp_chunk_overhead_s: float  # blocking send/recv handshake of one pipeline chunk, per pass
     straggler_cv: float  # step-time coefficient of variation of one data-parallel replica (stragglers.py)
+    # Device <-> host link per device and direction (the link's line rate over the devices sharing it),
+    # and the host memory of a node; 0 when the profile states no host link.
+    host_bytes_per_s: float = 0.0
+    host_memory_bytes: float = 0.0
 
     @classmethod
     def from_profile(cls, p: ClusterProfile) -> "Hardware":
@@ -64,4 +68,7 @@ class Hardware:
             moe_gemm_eff_ratio=p.eff("moe_gemm_eff_ratio") or 1.0,
             pp_chunk_overhead_s=p.eff("pp_chunk_overhead_us") * 1e-6,
             straggler_cv=p.eff("straggler_cv"),
+            host_bytes_per_s=(p.fact("host_link_bandwidth_gbps") * 1e9 / p.fact("host_link_devices")
+                              if p.has_host_link else 0.0),
+            host_memory_bytes=p.fact("host_memory_gib") * GIB if p.has_host_link else 0.0,
         )

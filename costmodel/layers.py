@@ -54,6 +54,7 @@ class Cost:
     selective_flops: np.ndarray
     act_bytes: np.ndarray  # activations kept for the backward pass
     transient_bytes: np.ndarray  # buffers alive only while the layer runs
+    offload_bytes: np.ndarray  # activations offloaded to host memory (offload_modules), moved each way once
     dense_params: np.ndarray  # weights reduced over the dp·cp group
     expert_params: np.ndarray  # weights reduced over the expert-data-parallel group
 
@@ -147,12 +148,16 @@ def attention_block(ctx: Context) -> Cost:
     reduce = comm.all_gather_s(BF16_BYTES * T * h, 1, tp, hw) * np.where(ctx.sp, 1.0, 2.0)
     tp_comm = gather + reduce
     z = np.zeros_like(fwd)
+    # Offloaded tensors stay on the device while they are copied out (and again from the prefetch of
+    # their reload until the backward consumes them): the layer in flight holds them.
+    offload = memory.attention_offload_bytes(spec, s)
     return Cost(
         fwd_s=fwd, bwd_s=bwd, gemm_fwd_s=gemms, gemm_bwd_s=BACKWARD_FACTOR * gemms,
         selective_s=selective, tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
         ep_fwd_s=z, ep_bwd_s=z, ep_nic_s=z, selective_cp_s=ctx.drops("core_attn") * cp_fwd, selective_ep_s=z,
         flops_fwd=proj_flops + core_flops, selective_flops=selective_flops,
-        act_bytes=memory.attention_activation_bytes(spec, s), transient_bytes=z,
+        act_bytes=memory.attention_activation_bytes(spec, s), transient_bytes=offload + z,
+        offload_bytes=offload + z,
         dense_params=params.sharded / tp + params.replicated + 2.0 * h + z, expert_params=z)
 
 
@@ -219,6 +224,7 @@ def dense_mlp_block(ctx: Context) -> Cost:
     tp_comm = _tp_pair_s(ctx, BF16_BYTES * s.tokens * spec.hidden_size)
     drop_mlp = ctx.drops("mlp")
     z = np.zeros_like(fwd)
+    offload = memory.pre_mlp_offload_bytes(spec, s)
     return Cost(
         fwd_s=fwd, bwd_s=BACKWARD_FACTOR * gemms + MEMORY_BOUND_BACKWARD_FACTOR * (act + mem),
         gemm_fwd_s=gemms, gemm_bwd_s=BACKWARD_FACTOR * gemms,
@@ -228,7 +234,7 @@ def dense_mlp_block(ctx: Context) -> Cost:
         selective_cp_s=z, selective_ep_s=z, flops_fwd=flops, selective_flops=drop_mlp * flops,
         act_bytes=memory.pre_mlp_bytes(spec, s) + memory.mlp_activation_bytes(
             spec.ffn_hidden_size, spec, s.tokens, s.tp, drop_mlp, s.gemm_input_bytes),
-        transient_bytes=z,
+        transient_bytes=offload + z, offload_bytes=offload + z,
         dense_params=mlp_params(spec.hidden_size, spec.ffn_hidden_size, spec.swiglu) / s.tp + 2.0 * spec.hidden_size + z,
         expert_params=z)
 
@@ -274,13 +280,14 @@ def moe_block(ctx: Context) -> Cost:
     tp_comm = sh_tp + etp_comm
     z = np.zeros_like(fwd)
     router_and_shared = h * E + mlp_params(h, fs, spec.swiglu) / s.tp + 2.0 * h
+    offload = memory.pre_mlp_offload_bytes(spec, s) + memory.moe_block_offload_bytes(spec, s)
     return Cost(
         fwd_s=fwd, bwd_s=bwd, gemm_fwd_s=gemms, gemm_bwd_s=gemms_bwd,
         selective_s=selective, tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=z, cp_bwd_s=z,
         ep_fwd_s=a2a, ep_bwd_s=a2a, ep_nic_s=a2a_nic, selective_cp_s=z, selective_ep_s=drop_moe * a2a,
         flops_fwd=flops, selective_flops=selective_flops,
         act_bytes=memory.pre_mlp_bytes(spec, s) + memory.moe_block_activation_bytes(spec, s),
-        transient_bytes=memory.dispatch_buffer_bytes(spec, s),
+        transient_bytes=memory.dispatch_buffer_bytes(spec, s) + offload, offload_bytes=offload + z,
         dense_params=router_and_shared + z,
         expert_params=local_experts * mlp_params(h, f, spec.swiglu) / s.etp + z)
 

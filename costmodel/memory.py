@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batch import MODULE_BITS
+from .batch import MODULE_BITS, OFFLOAD_BITS
 from .spec import ModelSpec
 
 BF16 = 2
@@ -46,19 +46,35 @@ class Shapes:
     etp: np.ndarray
     modules: np.ndarray  # recompute module bit mask, 0 unless recompute is selective
     gemm_input_bytes: np.ndarray  # bytes per stored GEMM-input element: 1 with FP8, else 2
+    offload: np.ndarray | int = 0  # offloaded module bit mask (batch.OFFLOAD_BITS), 0: none
 
 
 def _drops(shapes: Shapes, module: str) -> np.ndarray:
     return (shapes.modules & MODULE_BITS[module]) != 0
 
 
-def attention_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
-    """Input norm, projections and FlashAttention tensors of one layer."""
+def _offloads(shapes: Shapes, module: str) -> np.ndarray:
+    return (shapes.offload & OFFLOAD_BITS[module]) != 0
+
+
+def _on_device(s: Shapes, tensors: list) -> np.ndarray:
+    """Bytes of ``(offload module or None, bytes)`` tensors that stay in device memory."""
+    return sum(x if m is None else x * ~_offloads(s, m) for m, x in tensors)
+
+
+def _on_host(s: Shapes, tensors: list) -> np.ndarray:
+    """Bytes of ``(offload module or None, bytes)`` tensors offloaded to host memory."""
+    return sum(x * _offloads(s, m) for m, x in tensors if m is not None) + 0.0 * s.tokens
+
+
+def _attention_tensors(spec: ModelSpec, s: Shapes) -> list:
+    """Stored tensors of one layer's input norm, projections and FlashAttention, each with the
+    Megatron offload module whose input it is (``--offload-modules``; None: not offloadable)."""
     h, a = spec.hidden_size, spec.num_attention_heads
     T, Tsp, tp = s.tokens, s.tokens_sp, s.tp
     keep_norm_out = ~_drops(s, "layernorm")
-    total = BF16 * Tsp * h  # layer input (norm input), always kept
-    total = total + keep_norm_out * s.gemm_input_bytes * Tsp * h  # norm output = QKV GEMM input
+    tensors = [("attn_norm", BF16 * Tsp * h),  # layer input (norm input), always kept
+               ("qkv_linear", keep_norm_out * s.gemm_input_bytes * Tsp * h)]  # norm output = QKV GEMM input
     lse = FP32 * T * a / tp  # softmax row statistics FlashAttention keeps
     if spec.multi_latent_attention:
         rope = spec.qk_pos_emb_head_dim or 0
@@ -70,11 +86,23 @@ def attention_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
         qkv = BF16 * T * a / tp * (2 * (spec.qk_head_dim + rope) + spec.v_head_dim)
         qkv = qkv * ~_drops(s, "mla_up_proj")
         out = BF16 * T * a / tp * spec.v_head_dim
-        return total + latents + latent_norm_out + qkv + out + lse
-    d, g = spec.head_dim, spec.query_groups
-    qkv = BF16 * T * (a + 2 * g) * d / tp
-    out = BF16 * T * a * d / tp
-    return total + qkv + out + lse
+        tensors += [("qkv_linear", latents + latent_norm_out)]
+    else:
+        d, g = spec.head_dim, spec.query_groups
+        qkv = BF16 * T * (a + 2 * g) * d / tp
+        out = BF16 * T * a * d / tp
+    # FlashAttention saves Q, K, V, its output and the row statistics; the output is linear_proj's input
+    return tensors + [("core_attn", qkv + lse), ("attn_proj", out)]
+
+
+def attention_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """Input norm, projections and FlashAttention tensors of one layer kept in device memory."""
+    return _on_device(s, _attention_tensors(spec, s))
+
+
+def attention_offload_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """The attention tensors of one layer offloaded to host memory (``offload_modules``)."""
+    return _on_host(s, _attention_tensors(spec, s))
 
 
 def mlp_activation_bytes(ffn: int, spec: ModelSpec, T, tp, dropped, gemm_input_bytes) -> np.ndarray:
@@ -83,10 +111,20 @@ def mlp_activation_bytes(ffn: int, spec: ModelSpec, T, tp, dropped, gemm_input_b
     return ~dropped * T * (BF16 * fc1_out + gemm_input_bytes * ffn) / tp
 
 
-def pre_mlp_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
-    """Residual stream after attention (second norm input) and the second norm's output."""
+def _pre_mlp_tensors(spec: ModelSpec, s: Shapes) -> list:
     keep_norm_out = ~_drops(s, "layernorm")
-    return s.tokens_sp * spec.hidden_size * (BF16 + keep_norm_out * s.gemm_input_bytes)
+    return [("mlp_norm", BF16 * s.tokens_sp * spec.hidden_size),
+            (None, keep_norm_out * s.gemm_input_bytes * s.tokens_sp * spec.hidden_size)]
+
+
+def pre_mlp_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """Residual stream after attention (second norm input) and the second norm's output, on device."""
+    return _on_device(s, _pre_mlp_tensors(spec, s))
+
+
+def pre_mlp_offload_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """The pre-MLP norm's input offloaded to host memory (``mlp_norm``)."""
+    return _on_host(s, _pre_mlp_tensors(spec, s))
 
 
 def dense_layer_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
@@ -95,7 +133,7 @@ def dense_layer_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
                                    s.gemm_input_bytes))
 
 
-def moe_block_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+def _moe_block_tensors(spec: ModelSpec, s: Shapes) -> list:
     """Router scores, permuted expert inputs, expert internals and shared experts."""
     h, f = spec.hidden_size, spec.expert_ffn
     drop_moe = _drops(s, "moe")
@@ -110,8 +148,21 @@ def moe_block_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     shared = mlp_activation_bytes(spec.moe_shared_expert_intermediate_size, spec, s.tokens, s.tp,
                                   _drops(s, "shared_experts") | drop_moe, s.gemm_input_bytes)
     # No combine input: Megatron-Core multiplies the routing probabilities inside the expert activation
-    # (weighted SwiGLU), so un-permutation keeps no copy of the expert output.
-    return ~drop_moe * (router + expert_in + fc1_out + act_out) + shared
+    # (weighted SwiGLU), so un-permutation keeps no copy of the expert output. The expert fc1's input
+    # and the activation function's input (the fc1 output) are Megatron's expert_fc1 and moe_act offloads.
+    keep = ~drop_moe
+    return [(None, keep * (router + act_out) + shared), ("expert_fc1", keep * expert_in),
+            ("moe_act", keep * fc1_out)]
+
+
+def moe_block_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """The MoE block's stored tensors kept in device memory."""
+    return _on_device(s, _moe_block_tensors(spec, s))
+
+
+def moe_block_offload_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """The MoE block's tensors offloaded to host memory (``expert_fc1``, ``moe_act``)."""
+    return _on_host(s, _moe_block_tensors(spec, s))
 
 
 def moe_layer_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:

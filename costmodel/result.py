@@ -28,11 +28,20 @@ def infeasible_reasons(br: BatchResult, i: int) -> list[dict]:
     reasons = [{"code": r.code, "message": r.message(i)} for r in br.rules if r.broken[i]]
     if br.broken["pipeline_split"][i]:
         reasons.append({"code": "pipeline_split", "message": br.stages.errors[br.stages.split_index[i]]})
-    if br.valid[i] and not br.feasible[i]:
+    if br.valid[i] and not br.feasible[i] and br.peak_bytes[i] > br.capacity_bytes:
         reasons.append({"code": "oom", "message": (
             f"stage {int(br.peak_rank[i])} needs {br.peak_bytes[i] / GIB:.1f} GiB of "
             f"{br.capacity_bytes / GIB:.1f} (over by {(br.peak_bytes[i] - br.capacity_bytes) / GIB:.1f} GiB)")})
+    if br.valid[i] and _offloads(br, i) and br.host_bytes_per_node[i] > br.host_capacity_bytes:
+        reasons.append({"code": "host_oom", "message": (
+            f"offloaded activations need {br.host_bytes_per_node[i] / GIB:.1f} GiB of host memory per node of "
+            f"{br.host_capacity_bytes / GIB:.1f} (offload_modules; over by "
+            f"{(br.host_bytes_per_node[i] - br.host_capacity_bytes) / GIB:.1f} GiB)")})
     return reasons
+
+
+def _offloads(br: BatchResult, i: int) -> bool:
+    return br.offload_modules is not None and bool(br.offload_modules[i])
 
 
 def calibration_warnings(profile: ClusterProfile, spec: ModelSpec, config: TrainingConfig,
@@ -68,7 +77,8 @@ def result_dict(br: BatchResult, i: int, profile: ClusterProfile, warnings: list
         "model_tflops_per_device": val(br.model_tflops_per_device[i]),
         "mfu": val(br.mfu[i]),
         "hfu": val(br.hfu[i]),
-        "time": {k: val(br.time[k][i]) for k in TIME_KEYS},
+        # offload_s (extends the contract) only where something is offloaded: elsewhere it is 0
+        "time": {k: val(br.time[k][i]) for k in TIME_KEYS if k != "offload_s" or _offloads(br, i)},
         "memory": {
             "peak_gib": val(br.peak_bytes[i] / GIB),
             "capacity_gib": br.capacity_bytes / GIB,
@@ -81,9 +91,21 @@ def result_dict(br: BatchResult, i: int, profile: ClusterProfile, warnings: list
             "buffers_gib": val(br.buffers_bytes[i] / GIB),
             "overhead_gib": val(br.overhead_bytes / GIB),
             "per_stage_peak_gib": [val(v) for v in per_stage] if valid else None,
+            **(_host_memory(br, i, val) if _offloads(br, i) else {}),
         },
         "versions": {"paraplan": PARAPLAN_VERSION, "profile": profile.version()},
     }
+
+
+def _host_memory(br: BatchResult, i: int, val) -> dict:
+    """What activation offload moves to host memory (extends the contract): per device at the peak
+    stage and per stage, and per node against the node's host memory. ``evaluate_many`` adds each
+    stage's peak without offload (``per_stage_peak_without_offload_gib``)."""
+    per_stage = br.stage_offloaded(i) / GIB
+    return {"offloaded_gib": val(per_stage[int(br.peak_rank[i])]),
+            "per_stage_offloaded_gib": [val(v) for v in per_stage] if bool(br.valid[i]) else None,
+            "host_per_node_gib": val(br.host_bytes_per_node[i] / GIB),
+            "host_capacity_gib": br.host_capacity_bytes / GIB}
 
 
 def evaluate(spec: ModelSpec, profile: ClusterProfile, devices: int, config: TrainingConfig) -> dict:
@@ -98,11 +120,18 @@ def evaluate_many(spec: ModelSpec, profile: ClusterProfile, devices: int,
     if not configs:
         return []
     resolved = [routing.resolved(spec, c) for c in configs]
-    br = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs([c for c, _ in resolved]),
-                        all_stages=True)
+    # Configs that offload are scored again without it (appended to the batch): the result shows each
+    # stage's peak both ways.
+    offloading = [i for i, (c, _) in enumerate(resolved) if c.offload_modules]
+    batch = [c for c, _ in resolved] + [resolved[i][0].model_copy(update={"offload_modules": None}) for i in offloading]
+    br = evaluate_batch(spec, profile, devices, ConfigBatch.from_configs(batch), all_stages=True)
+    without = dict(zip(offloading, range(len(resolved), len(batch))))
     out = []
     for i, (c, report) in enumerate(resolved):
         res = result_dict(br, i, profile, calibration_warnings(profile, spec, c, devices))
+        if i in without and br.valid[i]:
+            res["memory"]["per_stage_peak_without_offload_gib"] = [
+                _num(v) for v in (br.stage_peaks(without[i]) / GIB).tolist()]
         if report is not None:  # extends the contract: the imbalance the routing and placement give
             res["moe_routing"] = report
         out.append(res)

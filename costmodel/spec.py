@@ -16,6 +16,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "moe_act", "mlp", "moe", "shared_experts")
+# Megatron-Core's fine-grained activation offloading (docs/source/api-guide/fine_grained_activation_offloading.md:
+# --fine-grained-activation-offloading --offload-modules, choices attn_norm, qkv_linear, core_attn,
+# attn_proj, mlp_norm, expert_fc1, moe_act): each module's input (its saved-for-backward tensors) goes to
+# host memory after its forward and comes back before its backward.
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
 
 
 class ModelSpec(BaseModel):
@@ -169,6 +174,10 @@ class TrainingConfig(BaseModel):
     recompute: Literal["none", "selective", "full"] = "none"
     recompute_modules: list[str] | None = None
     recompute_num_layers: PositiveInt | None = None
+    # Activation offload (swap) to host memory, per layer: Megatron-Core's --offload-modules (with
+    # --fine-grained-activation-offloading); MindSpeed's --swap-attention --swap-modules covers the
+    # attention-side ones (see search/frameworks.py). None or []: nothing is offloaded.
+    offload_modules: list[str] | None = None
     distributed_optimizer: bool = True
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
@@ -238,6 +247,23 @@ class TrainingConfig(BaseModel):
             raise ValueError(f"unknown recompute module(s) {unknown}; known: {list(RECOMPUTE_MODULES)}")
         return v
 
+    @field_validator("offload_modules")
+    @classmethod
+    def _known_offload_modules(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        unknown = [m for m in v if m not in OFFLOAD_MODULES]
+        if unknown:
+            raise ValueError(f"unknown offload module(s) {unknown}; known: {list(OFFLOAD_MODULES)}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"offload module(s) named twice: {sorted(m for m in set(v) if v.count(m) > 1)}")
+        if "attn_proj" in v and "core_attn" not in v:
+            # Megatron-Core core_v0.16.1 TransformerConfig.__post_init__ refuses it: attn_proj's input is
+            # FlashAttention's output, which core_attn's backward keeps too, so alone it frees nothing.
+            raise ValueError("attn_proj is offloaded only with core_attn (its input is core_attn's output, "
+                             "which core_attn's backward also needs)")
+        return v
+
     @model_validator(mode="after")
     def _schedule_matches_vpp(self) -> "TrainingConfig":
         schedule, vpp = self.pipeline_schedule, self.vpp
@@ -284,6 +310,10 @@ EFFICIENCY_KEYS = (
 # Factors a profile may omit, with the value that leaves the model as it was before they existed (a
 # profile written before a factor was added keeps its predictions).
 OPTIONAL_EFFICIENCY = {"straggler_cv": 0.0}
+
+# The host link (device <-> host memory) and the host memory of a node: optional, since a profile without
+# them can still score every config that offloads nothing (offloading then breaks ``offload_needs_host_link``).
+HOST_FACTS = ("host_link_bandwidth_gbps", "host_link_devices", "host_memory_gib")
 REQUIRED_FACTS = (
     "peak_bf16_tflops", "peak_fp8_tflops", "memory_gib", "hbm_bandwidth_gbps", "devices_per_node",
     "scale_up_domain", "scale_up_bandwidth_gbps", "scale_out_bandwidth_gbps", "scale_up_latency_us",
@@ -326,6 +356,9 @@ class ClusterProfile(BaseModel):
             v = self.facts[k].value
             if k != "peak_fp8_tflops" and (v is None or v <= 0):
                 raise ValueError(f"facts.{k} must be a positive number")
+        for k in HOST_FACTS:
+            if k in self.facts and (self.facts[k].value is None or self.facts[k].value <= 0):
+                raise ValueError(f"facts.{k} must be a positive number")
         return self
 
     def fact(self, key: str) -> float | None:
@@ -336,6 +369,11 @@ class ClusterProfile(BaseModel):
             return OPTIONAL_EFFICIENCY[key]
         v = self.efficiency[key].value
         return 0.0 if v is None else float(v)
+
+    @property
+    def has_host_link(self) -> bool:
+        """Whether the profile states a host link and host memory (what activation offload needs)."""
+        return all(k in self.facts for k in HOST_FACTS)
 
     @property
     def has_fp8(self) -> bool:

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from .batch import DUALPIPE, DUALPIPEV, NO_VALUE, ConfigBatch
+from .batch import DUALPIPE, DUALPIPEV, NO_VALUE, OFFLOAD_BITS, RECOMPUTE_CODES, ConfigBatch
 from .spec import ModelSpec
 
 
@@ -21,7 +21,7 @@ class Rule:
     message: Callable[[int], str]  # index of a broken config -> explanation
 
 
-def check(spec: ModelSpec, b: ConfigBatch, devices: int, has_fp8: bool) -> list[Rule]:
+def check(spec: ModelSpec, b: ConfigBatch, devices: int, has_fp8: bool, has_host_link: bool = True) -> list[Rule]:
     """Every validity rule of the contract except the pipeline split (see :mod:`costmodel.pipeline`)."""
     heads, groups = spec.num_attention_heads, spec.query_groups
     model_par = b.tp * b.pp * b.cp
@@ -57,8 +57,31 @@ def check(spec: ModelSpec, b: ConfigBatch, devices: int, has_fp8: bool) -> list[
         Rule("fp8_unsupported", (b.precision == 1) & (not has_fp8),
              lambda i: "precision fp8 needs a profile with an FP8 peak"),
         *_schedule_rules(spec, b, dp),
+        *_offload_rules(spec, b, has_host_link),
     ]
     return rules
+
+
+def _offload_rules(spec: ModelSpec, b: ConfigBatch, has_host_link: bool) -> list[Rule]:
+    """What activation offload (``offload_modules``) needs: a host link to offload over, layers that
+    keep activations (a fully recomputed layer keeps only its input, which Megatron-Core's checkpoint
+    holds itself), and experts for the expert modules (Megatron offloads expert_fc1 and moe_act inside
+    its MoE experts only)."""
+    offloads = b.offload_modules != 0
+    expert_bits = OFFLOAD_BITS["expert_fc1"] | OFFLOAD_BITS["moe_act"]
+    names = lambda i: [m for m, bit in OFFLOAD_BITS.items() if b.offload_modules[i] & bit]  # noqa: E731
+    return [
+        Rule("offload_needs_host_link", offloads & (not has_host_link),
+             lambda i: f"offload_modules={names(i)} needs a profile with a host link (facts host_link_bandwidth_gbps, "
+                       "host_link_devices, host_memory_gib)"),
+        Rule("offload_full_recompute", offloads & (b.recompute == RECOMPUTE_CODES["full"]),
+             lambda i: f"offload_modules={names(i)} with recompute full: a fully recomputed layer keeps only its "
+                       "input, there is nothing to offload (use recompute selective or none)"),
+        Rule("offload_needs_moe", ((b.offload_modules & expert_bits) != 0) if not spec.is_moe
+             else np.zeros(len(b), bool),
+             lambda i: f"offload_modules={names(i)}: expert_fc1 and moe_act offload expert activations, and this "
+                       "model has no experts"),
+    ]
 
 
 _SCHEDULE_NAMES = {DUALPIPE: "dualpipe", DUALPIPEV: "dualpipev"}

@@ -45,12 +45,16 @@ class Ranked:
 
 
 def _rank_order(tokens: np.ndarray, peak: np.ndarray, index: np.ndarray,
-                short: np.ndarray | None = None) -> np.ndarray:
+                short: np.ndarray | None = None, offloads: np.ndarray | None = None) -> np.ndarray:
     """Best first: configs that keep the memory margin before those that do not (``short``), then the
-    highest tokens/s, the smaller memory peak, enumeration order."""
-    if short is None:
-        short = np.zeros(len(tokens), dtype=bool)
-    return np.lexsort((index, peak, -tokens, short))
+    highest tokens/s, then at equal throughput those that offload nothing (``offloads``: a hidden copy
+    costs no modelled time, but it loads the host link and host memory that the model does not charge,
+    and Megatron-Core rates offload's overhead above selective recompute's), the smaller memory peak,
+    enumeration order."""
+    zeros = np.zeros(len(tokens), dtype=bool)
+    short = zeros if short is None else short
+    offloads = zeros if offloads is None else offloads
+    return np.lexsort((index, peak, offloads, -tokens, short))
 
 
 def layout_cut(layouts_sorted: np.ndarray, k: int) -> int:
@@ -72,6 +76,7 @@ class _Kept:
 
     short: np.ndarray
     tokens: np.ndarray
+    offloads: np.ndarray
     peak: np.ndarray
     index: np.ndarray
     rows: np.ndarray
@@ -80,13 +85,14 @@ class _Kept:
 
     @classmethod
     def empty(cls) -> "_Kept":
-        return cls(np.zeros(0, bool), np.zeros(0), np.zeros(0), *(np.zeros(0, np.int64) for _ in range(4)))
+        return cls(np.zeros(0, bool), np.zeros(0), np.zeros(0, bool), np.zeros(0),
+                   *(np.zeros(0, np.int64) for _ in range(4)))
 
     def merge(self, other: "_Kept", k: int) -> "_Kept":
         """Both sets, ranked, cut to what can still matter (``layout_cut``): a config dropped here ranks
         behind k layouts' best configs already, and later chunks only add better ones."""
         cols = {f.name: np.concatenate([getattr(self, f.name), getattr(other, f.name)]) for f in fields(self)}
-        order = _rank_order(cols["tokens"], cols["peak"], cols["index"], cols["short"])
+        order = _rank_order(cols["tokens"], cols["peak"], cols["index"], cols["short"], cols["offloads"])
         order = order[:layout_cut(cols["layout"][order], k)]
         return _Kept(**{name: col[order] for name, col in cols.items()})
 
@@ -121,8 +127,8 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
             lay = layout_of_row[rows[ok]]
             variants += np.bincount(lay, minlength=len(shapes))
             room = (br.capacity_bytes - br.peak_bytes[ok]) / GIB  # as the result's memory.headroom_gib
-            kept = kept.merge(_Kept(room < margin_gib, br.tokens_per_s[ok], br.peak_bytes[ok], done + ok,
-                                    rows[ok], opts[ok], lay), top_k)
+            kept = kept.merge(_Kept(room < margin_gib, br.tokens_per_s[ok], batch.offload_modules[ok] != 0,
+                                    br.peak_bytes[ok], done + ok, rows[ok], opts[ok], lay), top_k)
         done += len(rows)
         if progress:
             progress(done, total)

@@ -76,7 +76,7 @@ FIELDS = {
     "global_batch_size": "--global-batch-size (app/formats/launch.py)",
     "sequence_parallel": "--sequence-parallel (app/formats/launch.py); _tp_overlap, _moe, _mindspeed_selective",
     "tp_comm_overlap": "_tp_overlap", "recompute": "_recompute", "recompute_modules": "_recompute",
-    "recompute_num_layers": "_full_recompute", "distributed_optimizer": "_sharding",
+    "recompute_num_layers": "_full_recompute", "offload_modules": "_offload", "distributed_optimizer": "_sharding",
     "overlap_grad_reduce": "_sharding", "overlap_param_gather": "_sharding",
     "first_stage_layers": "pipeline_split", "last_stage_layers": "pipeline_split",
     "account_for_embedding_in_pipeline_split": "pipeline_split", "account_for_loss_in_pipeline_split": "pipeline_split",
@@ -196,6 +196,7 @@ def express(config: TrainingConfig, spec: ModelSpec, framework: str,
     ms = framework == "mindspeed"
     out = Expression(split=pipeline_split(config, spec, framework))
     out.add("recompute", *_recompute(config, spec, ms, out.split))
+    out.add("offload", *_offload(config, ms))
     out.add("sharding", *_sharding(config, ms))
     out.add("optimizer", *_optimizer_dtypes(config, ms))
     out.add("tp_overlap", *_tp_overlap(config, spec, ms))
@@ -406,6 +407,37 @@ def _recompute(cfg: TrainingConfig, spec: ModelSpec, ms: bool, split: Split) -> 
     if not ms:
         return ["--recompute-granularity", "selective", "--recompute-modules", *modules], bad
     return _mindspeed_selective(cfg, modules, bad)
+
+
+# MindSpeed's swap-attention (features_manager SwapAttentionFeature: --swap-attention, --swap-modules, default
+# "input_norm,self_attention,post_attention_norm") swaps whole modules: input_norm is Megatron's attn_norm,
+# self_attention the attention's inputs (qkv_linear, core_attn, attn_proj together), post_attention_norm
+# mlp_norm. It has no expert swap.
+MINDSPEED_SWAP_MODULES = (("input_norm", ("attn_norm",)), ("self_attention", ("qkv_linear", "core_attn", "attn_proj")),
+                          ("post_attention_norm", ("mlp_norm",)))
+
+
+def _offload(cfg: TrainingConfig, ms: bool) -> tuple[list[str], list[Refusal]]:
+    """Activation offload: Megatron-Core's --fine-grained-activation-offloading --offload-modules (its
+    names are the config's), MindSpeed's --swap-attention --swap-modules where the set is whole modules."""
+    modules = list(cfg.offload_modules or [])
+    if not modules:
+        return [], []
+    if not ms:
+        return ["--fine-grained-activation-offloading", "--offload-modules", *modules], []
+    bad, names = [], []
+    for name, parts in MINDSPEED_SWAP_MODULES:
+        held = [m for m in parts if m in modules]
+        if held and len(held) < len(parts):
+            bad.append(Refusal("offload_modules", modules, f"MindSpeed's --swap-modules {name} swaps "
+                                                           f"{', '.join(parts)} together, not {', '.join(held)} alone"))
+        elif held:
+            names.append(name)
+    experts = [m for m in modules if m in ("expert_fc1", "moe_act")]
+    if experts:
+        bad.append(Refusal("offload_modules", modules, f"MindSpeed's --swap-modules has no expert swap "
+                                                       f"({', '.join(experts)})"))
+    return ["--swap-attention", "--swap-modules", ",".join(names)], bad
 
 
 def _mindspeed_selective(cfg: TrainingConfig, modules: list[str],

@@ -240,7 +240,7 @@ def _score_round(space: SearchSpace, study: optuna.Study, trials: list, multi: b
         sl = slice(start, start + len(group))
         start += len(group)
         try:
-            told += _tell(study, trial, *(a[sl] for a in scores), capacity_gib=space.profile.fact("memory_gib"),
+            told += _tell(study, trial, *(a[sl] for a in scores[:5]), capacity_gib=space.profile.fact("memory_gib"),
                           multi=multi, worker=worker, margin_gib=margin_gib)
         except optuna.exceptions.UpdateFinishedTrialError:
             pass
@@ -282,13 +282,14 @@ def _best_index(ok: np.ndarray, tok: np.ndarray, room: np.ndarray, margin_gib: f
 
 
 def _score(space: SearchSpace, choices: list[dict]) -> tuple[np.ndarray, ...]:
-    """(valid, feasible, tokens/s, peak GiB, headroom GiB) of each choice, from one vectorised evaluation;
-    the headroom is computed as the result's ``memory.headroom_gib`` (capacity − peak)."""
+    """(valid, feasible, tokens/s, peak GiB, headroom GiB, offloads) of each choice, from one vectorised
+    evaluation; the headroom is computed as the result's ``memory.headroom_gib`` (capacity − peak),
+    ``offloads`` whether the choice offloads any module (a tie-break of the ranking)."""
     batch, split_ok = space.choice_batch(choices)
     br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
     valid = br.valid & split_ok
     return (valid, valid & br.feasible, br.tokens_per_s, br.peak_bytes / 2**30,
-            (br.capacity_bytes - br.peak_bytes) / 2**30)
+            (br.capacity_bytes - br.peak_bytes) / 2**30, batch.offload_modules != 0)
 
 
 def trial_layout(space: SearchSpace, trial: optuna.trial.FrozenTrial) -> dict:
@@ -300,7 +301,7 @@ def rank_trials(space: SearchSpace, trials: list[optuna.trial.FrozenTrial], top_
                 margin_gib: float = 0.0) -> Ranked:
     """The ranking of a set of finished trials: every config of every trial's layout, re-scored, the
     feasible ones ranked with those that keep ``margin_gib`` of headroom first, then by tokens/s, then
-    the smaller peak, then the order first seen (trial number, then position in the layout's options).
+    those that offload nothing, then the smaller peak, then the order first seen (trial number, then position in the layout's options).
     Deterministic in the trials alone, so any process that reads the same study ranks it the same.
     Also the best config of each of the top K distinct parallel layouts (``Ranked.layouts``)."""
     trials = sorted(trials, key=lambda t: t.number)
@@ -308,7 +309,8 @@ def rank_trials(space: SearchSpace, trials: list[optuna.trial.FrozenTrial], top_
     keys = list(dict.fromkeys(_key(lay) for lay in layouts))
     groups = {key: expand(space, dict(key)) for key in keys}
     flat = [c for key in keys for c in groups[key]]
-    valid, ok, tok, pk, room = _score(space, flat) if flat else (np.zeros(0, bool),) * 2 + (np.zeros(0),) * 3
+    valid, ok, tok, pk, room, off = _score(space, flat) if flat else (
+        (np.zeros(0, bool),) * 2 + (np.zeros(0),) * 3 + (np.zeros(0, bool),))
     offsets, start = {}, 0
     for key in keys:
         offsets[key] = start
@@ -333,7 +335,7 @@ def rank_trials(space: SearchSpace, trials: list[optuna.trial.FrozenTrial], top_
         for j in np.nonzero(f)[0]:
             seen.setdefault(_key(flat[sl.start + j]), sl.start + int(j))
     index = np.array(list(seen.values()), dtype=np.int64)
-    order = _rank_order(tok[index], pk[index], np.arange(len(index)), room[index] < margin_gib) \
+    order = _rank_order(tok[index], pk[index], np.arange(len(index)), room[index] < margin_gib, off[index]) \
         if len(index) else np.zeros(0, dtype=np.int64)
     ranked = index[order]  # indices into ``flat``, best first
     shape_of = {}  # layout (tp, pp, cp, ep, etp) -> its code
@@ -357,7 +359,7 @@ def _pareto(study: optuna.Study, space: SearchSpace, margin_gib: float = 0.0) ->
     front = []
     for t in study.best_trials:
         group = expand(space, trial_layout(space, t))
-        _, ok, tok, _, room = _score(space, group)
+        _, ok, tok, _, room, _ = _score(space, group)
         j = _best_index(ok, tok, room, margin_gib)
         if j is not None:
             front.append({"trial": t.number, "tokens_per_s": t.values[0], "memory_headroom_gib": t.values[1],

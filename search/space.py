@@ -17,7 +17,12 @@ Dimensions and the values offered (``docs/search.md`` is the user-facing copy):
   ``overlap_grad_reduce`` off unless pinned (MindSpeed refuses DualPipeV with it); 1F1B and
   interleaving follow from vpp.
 * ``recompute``: none; selective with one of ``SELECTIVE_SETS`` (the modules the model has);
-  full with ``recompute_num_layers`` all, 1, 2 or 4 per stage.
+  full with ``recompute_num_layers`` all, 1, 2 or 4 per stage. Beside them, where the profile states a
+  host link, activation offload: each of ``OFFLOAD_SETS`` (the modules the model has) with no
+  recompute, and MindSpeed's default swap set (``SWAP_ATTENTION_SET``) with each selective set
+  ("Selective R/S"), so that the search weighs recompute against swap per module and keeps whichever
+  costs less time for the memory it must save. Pinning a recompute field pins offload off unless
+  ``offload_modules`` is pinned too.
 * ``moe_a2a_algorithm`` (flat, hierarchical) where the expert-parallel group leaves the scale-up domain
   (ep > domain / etp; inside one domain the two price the same, so such layouts hold one value, the
   config default); ``cp_comm_type`` (p2p, a2a, allgather, a2a+p2p) with cp > 1, where a2a+p2p is
@@ -56,7 +61,7 @@ import numpy as np
 
 from costmodel import ConfigBatch, TrainingConfig, validity
 from costmodel.batch import (CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DTYPE_BYTES, NO_VALUE, PRECISION_CODES,
-                             RECOMPUTE_CODES, SCHEDULE_CODES, SHARDING_CODES, modules_mask)
+                             OFFLOAD_BITS, RECOMPUTE_CODES, SCHEDULE_CODES, SHARDING_CODES, modules_mask)
 SCHEDULE_NAMES = {0: None, SCHEDULE_CODES["dualpipe"]: "dualpipe", SCHEDULE_CODES["dualpipev"]: "dualpipev"}
 from costmodel.pipeline import LayoutError, balanced_tokens, split_chunks, stage_sets, unique_rows
 from costmodel.spec import ClusterProfile, ModelSpec
@@ -86,6 +91,22 @@ SELECTIVE_SETS = (
     ("layernorm", "moe"),
     ("layernorm", "mla_up_proj", "moe"),
 )
+# Activation offload sets (Megatron-Core --offload-modules), each the counterpart of a recompute choice:
+# the norm inputs (which no selective recompute drops), FlashAttention's tensors with its output
+# (Megatron-Core offloads attn_proj only with core_attn), the input norm's output
+# (layernorm recompute's tensor), the expert internals (moe_act / moe recompute's), MindSpeed's default
+# --swap-modules (input_norm, self_attention, post_attention_norm) and everything.
+SWAP_ATTENTION_SET = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")
+OFFLOAD_SETS = (
+    ("attn_norm", "mlp_norm"),
+    ("core_attn", "attn_proj"),
+    ("qkv_linear",),
+    ("moe_act",),
+    ("expert_fc1", "moe_act"),
+    SWAP_ATTENTION_SET,
+    SWAP_ATTENTION_SET + ("expert_fc1", "moe_act"),
+)
+EXPERT_OFFLOADS = {"expert_fc1", "moe_act"}
 PARALLEL_KEYS = ("tp", "cp", "pp", "vpp", "split", "ep", "etp", "micro_batch_size", "moe_a2a_algorithm", "cp_comm_type")
 # The communication algorithms searched as layout dimensions, with the config field's default (the value
 # a layout holds where the algorithm makes no difference).
@@ -123,9 +144,12 @@ def _modules_available(spec: ModelSpec) -> set[str]:
 
 @dataclass(frozen=True)
 class RecomputeOption:
+    """A memory plan: recompute (none, selective modules, full layers) and the modules offloaded."""
+
     recompute: str
     modules: tuple[str, ...] | None = None
     num_layers: int | None = None
+    offload: tuple[str, ...] | None = None
 
     def fields(self) -> dict:
         out = {"recompute": self.recompute}
@@ -133,7 +157,16 @@ class RecomputeOption:
             out["recompute_modules"] = list(self.modules)
         if self.recompute == "full":
             out["recompute_num_layers"] = self.num_layers
+        if self.offload:
+            out["offload_modules"] = list(self.offload)
         return out
+
+
+def _offload_plans(spec: ModelSpec, selective: list[RecomputeOption]) -> list[RecomputeOption]:
+    """The offload plans offered beside recompute (see the module docstring)."""
+    sets = [o for o in OFFLOAD_SETS if spec.is_moe or not EXPERT_OFFLOADS & set(o)]
+    return ([RecomputeOption("none", offload=o) for o in sets]
+            + [RecomputeOption("selective", r.modules, offload=SWAP_ATTENTION_SET) for r in selective])
 
 
 @dataclass
@@ -281,7 +314,7 @@ class SearchSpace:
 
     def _option_fields(self, opt: int) -> dict:
         rec, dist, tp_ov, a2a = self.options[opt]
-        return {"recompute_modules": None, "recompute_num_layers": None, **rec.fields(),
+        return {"recompute_modules": None, "recompute_num_layers": None, "offload_modules": None, **rec.fields(),
                 "distributed_optimizer": bool(dist), "tp_comm_overlap": bool(tp_ov), "moe_a2a_overlap": bool(a2a)}
 
     def _probe(self, **fields) -> TrainingConfig:
@@ -369,7 +402,7 @@ class SearchSpace:
             moe_load_imbalance=const(self.moe_load_imbalance, np.float64), layouts=self.layouts,
             moe_a2a_hierarchical=np.asarray(par["moe_a2a_hierarchical"], dtype=bool),
             cp_comm=np.asarray(par["cp_comm"], dtype=np.int64), schedule=np.asarray(par["schedule"], dtype=np.int64),
-            **self._constant_columns(n))
+            offload_modules=o["offload_modules"], **self._constant_columns(n))
 
     def _constant_columns(self, n: int) -> dict[str, np.ndarray]:
         """The batch columns of the per-search constants (``constants``; each column's default otherwise)."""
@@ -388,6 +421,7 @@ class SearchSpace:
             "recompute_modules": np.array([modules_mask(r.modules or ("core_attn",)) for r in rec], dtype=np.int64),
             "recompute_num_layers": np.array([NO_VALUE if r.num_layers is None else r.num_layers for r in rec],
                                              dtype=np.int64),
+            "offload_modules": np.array([modules_mask(r.offload or (), OFFLOAD_BITS) for r in rec], dtype=np.int64),
             "distributed_optimizer": np.array([o[1] for o in self.options]),
             "tp_comm_overlap": np.array([o[2] for o in self.options]),
             "moe_a2a_overlap": np.array([o[3] for o in self.options]),
@@ -566,9 +600,10 @@ def _values(spec: ModelSpec, profile: ClusterProfile, devices: int, allow_cross_
     ep = divisors(spec.num_experts) if spec.is_moe else [1]
     etp = [e for e in ETP_VALUES if e <= domain] if spec.is_moe else [1]
     have = _modules_available(spec)
-    recompute = ([RecomputeOption("none")]
-                 + [RecomputeOption("selective", s) for s in SELECTIVE_SETS if set(s) <= have]
-                 + [RecomputeOption("full", None, n) for n in FULL_RECOMPUTE_LAYERS])
+    selective = [RecomputeOption("selective", s) for s in SELECTIVE_SETS if set(s) <= have]
+    recompute = ([RecomputeOption("none")] + selective
+                 + [RecomputeOption("full", None, n) for n in FULL_RECOMPUTE_LAYERS]
+                 + (_offload_plans(spec, selective) if profile.has_host_link else []))
     a2a = list(frameworks.algorithm_values(framework, "moe_a2a_algorithm")) if spec.is_moe else [
         ALGORITHM_DEFAULTS["moe_a2a_algorithm"]]
     return {"tp": tp, "cp": cp, "pp": pp, "vpp": vpp, "ep": ep, "etp": etp,
@@ -586,7 +621,7 @@ def _apply_fixed(values: dict[str, list], fixed: dict) -> dict[str, list]:
         if key in fixed:
             values[key] = [fixed[key]]
     if any(k in fixed for k in ("recompute", "recompute_modules", "recompute_num_layers")):
-        opts = values["recompute"]
+        opts = [o for o in values["recompute"] if not o.offload]  # a pinned recompute pins offload off
         if "recompute" in fixed:
             opts = [o for o in opts if o.recompute == fixed["recompute"]]
         if "recompute_modules" in fixed:
@@ -597,6 +632,11 @@ def _apply_fixed(values: dict[str, list], fixed: dict) -> dict[str, list]:
         if fixed.get("recompute") == "selective" and not opts:
             opts = [RecomputeOption("selective", ("core_attn",))]
         values["recompute"] = opts
+    if "offload_modules" in fixed:  # every recompute plan with the pinned offload (none with full recompute)
+        off = tuple(fixed["offload_modules"] or ()) or None
+        plans = {RecomputeOption(o.recompute, o.modules, o.num_layers, off): None for o in values["recompute"]
+                 if off is None or o.recompute != "full"}
+        values["recompute"] = list(plans)
     if any(k in fixed for k in SPLIT_FIELDS):
         values["split"] = ["fixed"]
     return values
@@ -671,7 +711,7 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
                         constants=constants, check=check)
     # Keep the layouts every validity rule accepts, checked by the cost model's own code.
     probe = space.make_batch(np.arange(len(g)), np.zeros(len(g), dtype=np.int64))
-    broken = np.logical_or.reduce([r.broken for r in validity.check(spec, probe, devices, profile.has_fp8)])
+    broken = np.logical_or.reduce([r.broken for r in validity.check(spec, probe, devices, profile.has_fp8, profile.has_host_link)])
     check()
     ok = ~broken & stage_sets(spec, probe).valid
     if not allow_cross_domain_tp and "tp" not in fixed:

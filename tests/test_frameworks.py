@@ -56,6 +56,7 @@ DOMAIN = 4
 ALTERNATIVES = {"tp": [1], "pp": [1], "vpp": [2], "cp": [1], "ep": [1], "etp": [2], "micro_batch_size": [2],
                 "global_batch_size": [128], "first_stage_layers": [2], "last_stage_layers": [2],
                 "recompute_num_layers": [1], "pipeline_layout": ["Ettt|ttmL"],
+                "offload_modules": [["attn_norm"], ["core_attn", "attn_proj"], ["moe_act"]],
                 # interleaved needs vpp > 1: the vpp alternative is that plan
                 "pipeline_schedule": ["1f1b", "dualpipe", "dualpipev"],
                 "recompute_modules": [[m] for m in ("layernorm", "mla_up_proj", "moe_act", "mlp", "moe",

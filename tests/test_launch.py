@@ -57,6 +57,9 @@ MEGATRON_ARGS = [
     "--qk-layernorm", "--rotary-scaling-factor", "--mscale", "--mscale-all-dim", "--moe-router-score-function",
     "--moe-router-pre-softmax", "--moe-router-enable-expert-bias", "--moe-router-topk-scaling-factor",
     "--moe-router-num-groups", "--moe-router-group-topk", "--fp8-recipe", "--make-vocab-size-divisible-by",
+    # activation offload: generated from megatron/core/transformer/transformer_config.py's fields
+    # fine_grained_activation_offloading and offload_modules (core_v0.16.1, 55ac7082, lines 889 and 894)
+    "--fine-grained-activation-offloading", "--offload-modules",
 ]
 
 # MindSpeed-LLM argument names. Megatron (core 0.12.1, which MindSpeed-LLM runs on) names as MindSpeed-LLM's
@@ -99,6 +102,7 @@ MINDSPEED_OWN_ARGS = [
     "--reuse-fp32-param",                  # features_manager/memory/reuse_fp32_param.py
     "--schedules-method",                  # features_manager/pipeline_parallel/dualpipev_feature.py (choices: dualpipev)
     "--moe-fb-overlap",                    # features_manager/moe/fb_overlap.py
+    "--swap-attention", "--swap-modules",  # features_manager/memory/swap_attention.py (SwapAttentionFeature)
     # ... and MindSpeed-LLM's own, at c77308a14bfcb1aa7ca61da9c1aa24a893cb1b91:
     "--recompute-mla-up-proj", "--mla-up-proj-tp-overlap", "--mla-mm-split",  # .../multi_latent_attention/mla_feature.py
     "--context-parallel-algo",             # features_manager/context_parallel/context_parallel_feature.py

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CANON_FIELDS = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 1, "micro_batch_size": 1,
                 "global_batch_size": None, "sequence_parallel": None, "tp_comm_overlap": False,
-                "recompute": "none", "recompute_modules": None, "recompute_num_layers": None,
+                "recompute": "none", "recompute_modules": None, "recompute_num_layers": None, "offload_modules": None,
                 "distributed_optimizer": True, "first_stage_layers": None, "last_stage_layers": None,
                 "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
                 "pipeline_layout": None, "pipeline_schedule": None, "overlap_grad_reduce": True, "overlap_param_gather": True, "moe_a2a_overlap": False, "moe_a2a_algorithm": "hierarchical", "cp_comm_type": "p2p"}

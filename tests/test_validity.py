@@ -24,8 +24,10 @@ H100 = "nvidia-h100-80gb"
 CONTRACT_CODES = {"tp_divides_heads", "devices_divisible", "dp_mismatch", "ep_etp_divides", "dense_ep",
                   "ep_divides_experts", "global_batch_divisible", "seq_divisible", "vpp_needs_pp",
                   "fp8_unsupported"}
-# Codes the project adds (docs/costmodel.md, "Validity rules"): the pipeline schedules' needs.
-EXTENSION_CODES = {"dualpipe_needs_pp", "dualpipe_even_pp", "dualpipe_microbatches", "dualpipev_layers"}
+# Codes the project adds (docs/costmodel.md, "Validity rules"): the pipeline schedules' needs and
+# what activation offload needs.
+EXTENSION_CODES = {"dualpipe_needs_pp", "dualpipe_even_pp", "dualpipe_microbatches", "dualpipev_layers",
+                   "offload_needs_host_link", "offload_full_recompute", "offload_needs_moe"}
 
 
 def run(spec, devices, profile_name=H100, **cfg):

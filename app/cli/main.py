@@ -105,6 +105,12 @@ def _evaluation_tables(res: dict) -> None:
     out.print(m)
     stages = mem["per_stage_peak_gib"] or []
     out.print("per-stage peak GiB: " + " ".join(f"{v:.1f}" for v in stages), highlight=False)
+    if (offloaded := mem.get("per_stage_offloaded_gib")) is not None:  # offload_modules: what went to the host
+        out.print("per-stage offloaded GiB: " + " ".join(f"{v:.1f}" for v in offloaded), highlight=False)
+        out.print("per-stage peak GiB without offload: "
+                  + " ".join(f"{v:.1f}" for v in mem.get("per_stage_peak_without_offload_gib") or []), highlight=False)
+        out.print(f"host memory per node: {mem['host_per_node_gib']:.1f} of {mem['host_capacity_gib']:.1f} GiB",
+                  highlight=False)
 
 
 @main.command()

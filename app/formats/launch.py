@@ -181,7 +181,7 @@ def launch_args(config: dict | TrainingConfig, spec: ModelSpec, fmt: str = "mega
          "--micro-batch-size", str(cfg.micro_batch_size), "--global-batch-size", str(cfg.global_batch_size)]
     if cfg.sp:
         a.append("--sequence-parallel")
-    a += g["recompute"] + g["sharding"] + g["optimizer"] + g["tp_overlap"] + g["context_parallel"] + g["moe"]
+    a += g["recompute"] + g.get("offload", []) + g["sharding"] + g["optimizer"] + g["tp_overlap"] + g["context_parallel"] + g["moe"]
     a += ["--bf16", *g["precision"]]
     if fmt == "mindspeed":
         # MindSpeed fused kernels, as in MindSpeed-LLM's recipes (pretrain_deepseek3_671b_4k_ptd.sh):

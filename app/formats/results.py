@@ -37,18 +37,19 @@ FACT_TINY, FACT_HUGE = 1e-6, 1e12
 def non_finite_fields(result: dict) -> list[str]:
     """The result's numbers that are null or not finite where the contract has numbers: every time, rate
     and memory figure of a feasible result, or of one whose only reason is that it does not fit (``oom``:
-    its times and memory are still computed)."""
+    its times and memory are still computed; ``host_oom`` alike)."""
     import math
 
     reasons = {r.get("code") for r in result.get("infeasible_reasons") or []}
-    if not (result.get("feasible") or reasons == {"oom"}):
+    if not (result.get("feasible") or (reasons and reasons <= {"oom", "host_oom"})):
         return []  # structurally invalid: nulls are the contract's answer for what cannot be computed
     fields = [(k, result.get(k)) for k in ("step_time_s", "tokens_per_s", "tokens_per_s_per_device",
                                            "model_tflops_per_device", "mfu", "hfu")]
     fields += [(f"time.{k}", v) for k, v in (result.get("time") or {}).items()]
     memory = result.get("memory") or {}
-    fields += [(f"memory.{k}", v) for k, v in memory.items() if k != "per_stage_peak_gib"]
-    fields += [(f"memory.per_stage_peak_gib[{i}]", v) for i, v in enumerate(memory.get("per_stage_peak_gib") or [])]
+    lists = ("per_stage_peak_gib", "per_stage_offloaded_gib", "per_stage_peak_without_offload_gib")
+    fields += [(f"memory.{k}", v) for k, v in memory.items() if k not in lists]
+    fields += [(f"memory.{k}[{i}]", v) for k in lists for i, v in enumerate(memory.get(k) or [])]
     return [k for k, v in fields if not isinstance(v, (int, float)) or not math.isfinite(v)]
 
 
