@@ -17,6 +17,7 @@ import hardware_profiles
 from costmodel.result import evaluate
 from costmodel.spec import HOST_FACTS, ClusterProfile, TrainingConfig
 from app.service.core.config import Settings
+from conftest import ROUND_EFFICIENCY, ROUND_FACTS
 from app.service.main import create_app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,8 +57,6 @@ def test_offloading_the_layer_input_moves_it_to_the_host(preset, round_profile):
 
 
 def test_a_slow_host_link_exposes_what_the_next_layer_cannot_hide(preset, make_profile):
-    from conftest import ROUND_EFFICIENCY, ROUND_FACTS
-
     spec = preset("tiny-dense")
     slow = make_profile(efficiency=ROUND_EFFICIENCY, facts={**ROUND_FACTS, "host_link_bandwidth_gbps": 0.001,
                                                             "host_link_devices": 1})
@@ -73,8 +72,6 @@ def test_a_slow_host_link_exposes_what_the_next_layer_cannot_hide(preset, make_p
 
 
 def test_host_memory_per_node_is_a_limit(preset, make_profile):
-    from conftest import ROUND_EFFICIENCY, ROUND_FACTS
-
     spec = preset("tiny-dense")
     small = make_profile(efficiency=ROUND_EFFICIENCY, facts={**ROUND_FACTS, "host_memory_gib": 0.5 / 1024})
     r = evaluate(spec, small, 1, cfg(offload_modules=["attn_norm"]))  # 1 MiB offloaded, 0.5 MiB of host
@@ -190,3 +187,67 @@ def test_pangu_selective_recompute_and_swap_saves_70_percent_of_activations(pres
     assert rs["step_time_s"] == pytest.approx(rec["step_time_s"], rel=1e-12)
     assert rs["memory"]["per_stage_peak_without_offload_gib"] == pytest.approx(rec["memory"]["per_stage_peak_gib"])
     assert rs["memory"]["host_per_node_gib"] < rs["memory"]["host_capacity_gib"]
+
+
+# ---- the search weighs offload against recompute -------------------------------------------------------
+# tiny-dense on one device, tp = pp = cp = micro-batch 1 (4 micro-batches), with the device memory set
+# below the no-recompute peak, so that the search must save memory. Offloading attn_norm and mlp_norm moves
+# the two norm inputs of each layer (2 · 262,144 B) to the host; the layer in flight holds its own while
+# it is copied, so the peak drops by 3 layers' worth: 1,572,864 B.
+NORMS = ["attn_norm", "mlp_norm"]
+NORMS_SAVED_BYTES = (LAYERS - 1) * 2 * LAYER_INPUT_BYTES
+PINNED = {"tp": 1, "pp": 1, "cp": 1, "micro_batch_size": 1}
+
+
+def _host_link(gbps: float) -> dict:
+    return {**ROUND_FACTS, "host_link_bandwidth_gbps": gbps, "host_link_devices": 1}
+
+
+def _memory_bound_search(spec, make_profile, host_gbps: float) -> tuple[dict, dict]:
+    """(the search's best, the no-recompute no-offload evaluation) with capacity halfway into the norms'
+    saving: no recompute and no offload does not fit, the norms' offload does."""
+    from search import SearchRequest, run_search
+
+    bare = evaluate(spec, make_profile(efficiency=ROUND_EFFICIENCY, facts=_host_link(host_gbps)), 1, cfg(**PINNED))
+    capacity_gib = bare["memory"]["peak_gib"] - NORMS_SAVED_BYTES / 2 / GIB
+    tight = make_profile(efficiency=ROUND_EFFICIENCY, facts={**_host_link(host_gbps), "memory_gib": capacity_gib})
+    res = run_search(SearchRequest(spec=spec, profile=tight, devices=1, global_batch_size=4, sampler="exhaustive",
+                                   top_k=50, fixed=PINNED, memory_margin_gib=0.0))
+    assert not evaluate(spec, tight, 1, cfg(**PINNED))["feasible"]  # memory binds
+    return res, bare
+
+
+def test_search_offloads_where_the_copy_hides_and_recompute_costs_time(preset, make_profile):
+    spec = preset("tiny-dense")
+    res, bare = _memory_bound_search(spec, make_profile, host_gbps=64.0)
+    best = res["best"]
+    # the copy of one layer's norm inputs, 524,288 B at 64 GB/s = 8.2 us, hides behind a layer's pass
+    # (> 0.1 ms): the offload costs nothing, every recompute plan costs its recomputed forward
+    assert best["config"]["offload_modules"] and best["config"]["recompute"] == "none"
+    assert best["evaluation"]["time"]["offload_s"] == 0.0
+    assert best["evaluation"]["step_time_s"] == pytest.approx(bare["step_time_s"], rel=1e-12)
+    # (FlashAttention's tensors hide too and save more; at equal time the smaller peak ranks first)
+    norms = next(e for e in res["top"] if e["config"].get("offload_modules") == NORMS)
+    assert norms["evaluation"]["step_time_s"] == best["evaluation"]["step_time_s"]
+    assert (bare["memory"]["peak_gib"] - norms["evaluation"]["memory"]["peak_gib"]) * GIB == pytest.approx(
+        NORMS_SAVED_BYTES, rel=1e-9)
+    recomputing = [e for e in res["top"] if not e["config"].get("offload_modules")]
+    assert recomputing and all(e["config"]["recompute"] != "none" for e in recomputing)
+    assert all(e["evaluation"]["step_time_s"] > bare["step_time_s"] for e in recomputing)
+
+
+def test_search_recomputes_where_the_copy_is_exposed(preset, make_profile):
+    spec = preset("tiny-dense")
+    res, bare = _memory_bound_search(spec, make_profile, host_gbps=0.05)
+    best = res["best"]
+    assert not best["config"].get("offload_modules") and best["config"]["recompute"] != "none"
+    recompute_cost_s = best["evaluation"]["step_time_s"] - bare["step_time_s"]
+    # offloading the norms instead exposes, per micro-batch (4), layer (4) and direction (2), the copy of
+    # 524,288 B at 50 MB/s (10.5 ms) less the layer's pass it overlaps (< 1 ms)
+    slow = make_profile(efficiency=ROUND_EFFICIENCY, facts=_host_link(0.05))
+    norms = evaluate(spec, slow, 1, cfg(**PINNED, offload_modules=NORMS))
+    copy_s = 2 * LAYER_INPUT_BYTES / 0.05e9
+    assert 4 * 4 * 2 * (copy_s - 1e-3) < norms["time"]["offload_s"] < 4 * 4 * 2 * copy_s
+    assert recompute_cost_s < norms["time"]["offload_s"]
+    offloading = [e for e in res["top"] if e["config"].get("offload_modules")]
+    assert offloading and all(e["evaluation"]["step_time_s"] > best["evaluation"]["step_time_s"] for e in offloading)
