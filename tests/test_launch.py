@@ -611,5 +611,50 @@ def test_launch_route_states_or_refuses_the_dispatch(tmp_path):
             assert "--moe-flex-dispatcher-backend deepep" in r.text
             r = c.get(f"/v1/jobs/{job['id']}/configs/1/launch", params={"format": "mindspeed"})
             assert r.status_code == 422 and r.json()["detail"][0]["option"] == "moe_a2a_algorithm"
+            assert "x-launch-env" not in {k.lower() for k in r.headers}
+            # a config that offloads: the environment Megatron-LM asserts comes in a header, and
+            # `paraplan export --server` prints it as the local export does
+            body["search"]["fixed"] = {"ep": 16, "moe_a2a_algorithm": "flat", "offload_modules": ["attn_norm"]}
+            job = c.post("/v1/jobs", json=body).raise_for_status().json()
+            assert wait_for(c, job["id"])["status"] == "succeeded"
+            r = c.get(f"/v1/jobs/{job['id']}/configs/1/launch", params={"format": "megatron"})
+            assert r.status_code == 200 and "--offload-modules attn_norm" in r.text
+            assert r.headers["x-launch-env"] == "NVTE_CPU_OFFLOAD_V1=1"
+        res = CliRunner().invoke(main, ["export", "--format", "megatron", "--server", srv.url, "--job", job["id"]])
+        assert res.exit_code == 0, res.output
+        assert "--offload-modules attn_norm" in res.stdout and "NVTE_CPU_OFFLOAD_V1=1" in res.stderr
     finally:
         srv.stop()
+
+
+SWAP_SET = ["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm"]  # MindSpeed's default swap modules
+
+
+@pytest.mark.parametrize("modules, mindspeed", [
+    (SWAP_SET, "input_norm,self_attention,post_attention_norm"),
+    (["attn_norm"], "input_norm"),
+    (["core_attn", "attn_proj"], None),  # MindSpeed swaps self_attention's qkv_linear, core_attn, attn_proj together
+    (["expert_fc1", "moe_act"], None),  # MindSpeed has no expert swap
+])
+def test_export_states_the_searched_offload_or_refuses_it(tmp_path, modules, mindspeed):
+    result = _algorithm_search("megatron", f"offload_modules={json.dumps(modules)}", "moe_a2a_algorithm=flat",
+                               "tp_comm_overlap=false")
+    assert result["best"]["config"]["offload_modules"] == modules
+    res = _export(tmp_path, result, "megatron")
+    got = _exported_flags(res)
+    assert got["--fine-grained-activation-offloading"] == [] and got["--offload-modules"] == modules
+    # Megatron-LM asserts NVTE_CPU_OFFLOAD_V1=1 with this flag: the note goes to stderr, stdout stays the flags
+    assert "NVTE_CPU_OFFLOAD_V1=1" in res.stderr and "NVTE" not in res.stdout
+    res = _export(tmp_path, result, "mindspeed")
+    if mindspeed is None:
+        assert res.exit_code == 2 and res.stdout == "" and "top.1.config.offload_modules" in res.stderr
+        return
+    got = _exported_flags(res)
+    assert got["--swap-attention"] == [] and got["--swap-modules"] == [mindspeed]
+    assert "--offload-modules" not in got and "NVTE" not in res.stderr
+
+
+def test_export_without_offload_needs_no_environment(tmp_path):
+    result = _algorithm_search("megatron", "offload_modules=[]", "moe_a2a_algorithm=flat")
+    res = _export(tmp_path, result, "megatron")
+    assert "--offload-modules" not in _exported_flags(res) and res.stderr == ""

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from app.formats.inputs import load_cluster, load_model
-from app.formats.launch import launch_args
+from app.formats.launch import launch_args, launch_env
 from costmodel import TrainingConfig
 
 from test_launch_model import RUNS, SPLITS, top_configs
@@ -47,8 +47,10 @@ def megatron():
             pytest.fail(msg)
         pytest.skip(msg)
 
-    def run(cases: list[tuple[str, list[str], int]]) -> dict[str, dict]:
-        proc = subprocess.run([PYTHON, str(HARNESS)], input=json.dumps([{"argv": a, "world_size": w}
+    def run(cases: list[tuple[str, list[str], int]], env: bool = True) -> dict[str, dict]:
+        """Megatron's verdict on each case, launched with the environment the export asks for (``env``)."""
+        proc = subprocess.run([PYTHON, str(HARNESS)], input=json.dumps([{"argv": a, "world_size": w,
+                                                                        "env": launch_env(a) if env else {}}
                                                                        for _, a, w in cases]),
                               capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -148,3 +150,24 @@ def test_megatron_rejects_what_the_export_refuses(megatron):
     }
     results = megatron([(name, argv, 8) for name, argv in bad.items()])
     assert set(_rejected(results)) == set(bad), results
+
+
+def test_megatron_accepts_the_offload_export_with_the_environment_it_asks_for(megatron):
+    """Activation offload: Megatron-LM accepts the exported flags with NVTE_CPU_OFFLOAD_V1=1, which
+    ``paraplan export`` asks for, and rejects them without it (so the note is needed, not decoration);
+    it also rejects attn_proj offloaded without core_attn, which the config refuses."""
+    spec = load_model("tiny-moe")
+    cases = [(" ".join(m), launch_args({"tp": 2, "ep": 2, "global_batch_size": 64, "offload_modules": m}, spec,
+                                       "megatron", 8), 8)
+             for m in (["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm"], ["expert_fc1", "moe_act"])]
+    assert all(launch_env(argv) == {"NVTE_CPU_OFFLOAD_V1": "1"} for _, argv, _ in cases)
+    assert not _rejected(megatron(cases))
+    without = _rejected(megatron(cases, env=False))
+    assert set(without) == {c[0] for c in cases} and all("NVTE_CPU_OFFLOAD_V1" in e for e in without.values())
+    good = cases[0][1]
+    i = good.index("--offload-modules") + 1
+    j = next(k for k in range(i, len(good)) if good[k].startswith("--"))
+    alone = good[:i] + ["attn_proj"] + good[j:]  # the module list replaced by attn_proj alone
+    assert "attn_proj cannot be set to offload_modules alone" in _rejected(megatron([("alone", alone, 8)]))["alone"]
+    with pytest.raises(ValueError, match="only with core_attn"):
+        TrainingConfig(global_batch_size=64, offload_modules=["attn_proj"])

@@ -191,6 +191,28 @@ def launch_args(config: dict | TrainingConfig, spec: ModelSpec, fmt: str = "mega
     return a + _model_args(spec, fmt, e.split.num_layers, e.split.real, cfg.tp)
 
 
+# Environment the exported flags need, keyed by the flag that needs it. Megatron-LM's validate_args
+# (core_v0.16.1 megatron/training/arguments.py) asserts NVTE_CPU_OFFLOAD_V1=1 with fine-grained activation
+# offloading on Transformer Engine >= 2.10, "to avoid offloading weights".
+LAUNCH_ENV = {"--fine-grained-activation-offloading": {"NVTE_CPU_OFFLOAD_V1": "1"}}
+ENV_HEADER = "X-Launch-Env"  # the launch route's header for them: space-separated KEY=VALUE
+
+
+def launch_env(tokens: list[str]) -> dict[str, str]:
+    """Environment variables the launch of ``tokens`` needs (empty for most configs)."""
+    env: dict[str, str] = {}
+    for flag, needs in LAUNCH_ENV.items():
+        if flag in tokens:
+            env.update(needs)
+    return env
+
+
+def env_note(env: dict[str, str]) -> str:
+    """The one-line reminder the CLI prints on stderr (the arguments on stdout stay pipeable)."""
+    return "note: launch with " + " ".join(f"{k}={v}" for k, v in env.items()) + " in the environment " \
+           "(Megatron-LM asserts it for these flags)"
+
+
 def format_args(tokens: list[str]) -> str:
     """One flag (with its values) per line, lines joined with `` \\`` + newline; a trailing newline."""
     lines: list[str] = []

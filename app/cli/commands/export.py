@@ -16,7 +16,7 @@ import sys
 
 import click
 
-from app.formats.launch import FORMATS, InexpressibleError, format_args, launch_args
+from app.formats.launch import ENV_HEADER, FORMATS, InexpressibleError, env_note, format_args, launch_args, launch_env
 
 EXIT_INPUT, EXIT_SERVER = 2, 7
 
@@ -107,6 +107,9 @@ def export(result_file, fmt, rank, server, job_id, api_key) -> None:
             _die("server", f"HTTP {resp.status_code}: {msg}",
                  EXIT_INPUT if 400 <= resp.status_code < 500 and resp.status_code != 429 else EXIT_SERVER)
         click.echo(resp.text, nl=False)
+        env = dict(item.split("=", 1) for item in resp.headers.get(ENV_HEADER, "").split() if "=" in item)
+        if env:
+            click.echo(env_note(env), err=True)
         return
     try:
         with open(result_file) as fh:
@@ -120,3 +123,5 @@ def export(result_file, fmt, rank, server, job_id, api_key) -> None:
     except InputError as exc:
         _die(exc.field, exc.reason)
     click.echo(format_args(tokens), nl=False)
+    if env := launch_env(tokens):
+        click.echo(env_note(env), err=True)

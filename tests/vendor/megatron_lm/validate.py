@@ -8,7 +8,8 @@ device or the legacy models is stubbed: ``get_device_arch_version`` answers 9 (a
 ``megatron.legacy.model.module.param_is_not_shared`` (imported by utils.py, unused by the arguments) is
 defined as in the source.
 
-stdin: a JSON list of ``{"argv": [...], "world_size": int}``; stdout: a JSON list of
+stdin: a JSON list of ``{"argv": [...], "world_size": int, "env": {...}}`` (``env``: the variables the export
+asks the launch to set, ``app.formats.launch.launch_env``; set for that case only); stdout: a JSON list of
 ``{"ok": bool, "error": str | null, "vpp": int | null, "normalization", "position_embedding_type",
 "add_bias_linear", "num_layers", "padded_vocab_size"}``.
 """
@@ -60,8 +61,10 @@ if rope_utils.fused_apply_rotary_pos_emb is None:  # Transformer Engine's fused 
     rope_utils.fused_apply_rotary_pos_emb = lambda *a, **k: None
 
 
-def check(argv: list[str], world_size: int) -> dict:
+def check(argv: list[str], world_size: int, env: dict[str, str] | None = None) -> dict:
     os.environ.update(WORLD_SIZE=str(world_size), RANK="0", LOCAL_RANK="0", CUDA_DEVICE_MAX_CONNECTIONS="1")
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
     sys.argv = ["pretrain_gpt.py", *argv]
     out = io.StringIO()
     try:
@@ -71,6 +74,12 @@ def check(argv: list[str], world_size: int) -> dict:
             cfg = arguments.core_transformer_config_from_args(args)
     except BaseException as exc:  # argparse exits, asserts, ValueErrors: all a rejection
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}" + ("" if str(exc) else out.getvalue()[-2000:])}
+    finally:
+        for k, v in saved.items():  # the next case starts from the same environment
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return {"ok": True, "error": None, "vpp": args.virtual_pipeline_model_parallel_size,
             "normalization": cfg.normalization, "position_embedding_type": args.position_embedding_type,
             "add_bias_linear": cfg.add_bias_linear, "num_layers": cfg.num_layers,
@@ -80,4 +89,4 @@ def check(argv: list[str], world_size: int) -> dict:
 
 if __name__ == "__main__":
     cases = json.load(sys.stdin)
-    print(json.dumps([check(c["argv"], c["world_size"]) for c in cases]))
+    print(json.dumps([check(c["argv"], c["world_size"], c.get("env")) for c in cases]))

@@ -10,7 +10,7 @@ from fastapi.responses import PlainTextResponse
 from sqlalchemy.orm import Session
 
 from app.service.api.deps import api_scope, get_db
-from app.formats.launch import InexpressibleError, format_args, launch_args
+from app.formats.launch import ENV_HEADER, InexpressibleError, format_args, launch_args, launch_env
 from app.service.schemas.common import AUTH_ERRORS, error_doc, text_route
 from app.service.schemas.jobs import MAX_TOP_K
 from app.service.services import jobs as service
@@ -35,7 +35,9 @@ LAUNCH_ERRORS = text_route({
             description="The training script's arguments for config `rank` of the job (as `paraplan export`): "
                         "every parallel-size and batch flag, defaults included, then the model's flags; one flag "
                         "per line, lines joined with ` \\`. 404 for an unknown job or rank; 422 naming the option "
-                        "when the config uses one the format cannot express (docs/search.md, \"Frameworks\").",
+                        "when the config uses one the format cannot express (docs/search.md, \"Frameworks\"). Environment "
+                        "variables the flags need (e.g. NVTE_CPU_OFFLOAD_V1=1 with activation offload) come in the "
+                        "`X-Launch-Env` header as space-separated KEY=VALUE.",
             responses={200: {"content": {"text/plain": {"example": "--tensor-model-parallel-size 8 \\\n"
                                                                    "--pipeline-model-parallel-size 16 \\\n..."}}},
                        **LAUNCH_ERRORS})
@@ -54,4 +56,6 @@ def launch(job_id: Annotated[str, Path(description="The job's UUID.")],
         raise RequestValidationError([{"loc": ("query", "format"), "msg": f"{LABELS[format]} cannot express {r}",
                                        "type": "inexpressible_option", "option": r.field}
                                       for r in exc.refusals]) from None
-    return PlainTextResponse(format_args(tokens))
+    env = launch_env(tokens)
+    headers = {ENV_HEADER: " ".join(f"{k}={v}" for k, v in env.items())} if env else None
+    return PlainTextResponse(format_args(tokens), headers=headers)
