@@ -776,13 +776,14 @@ def _schedule(cfg: TrainingConfig, spec: ModelSpec, ms: bool, split: Split) -> t
     return ["--schedules-method", "dualpipev"], bad
 
 
-def split_refusals(config: TrainingConfig, spec: ModelSpec, framework: str) -> list[Refusal]:
+def split_refusals(config: TrainingConfig, spec: ModelSpec, framework: str, split: Split | None = None) -> list[Refusal]:
     """The refusals that depend on the pipeline split (pp, vpp, split fields): the full-recompute count and
     the all-to-all overlap's schedule. Every other rule reads tp, cp, ep, etp, sequence parallelism and
     the options only (the search probes them at pp = 1 with ``split_rules=False``) and scores these apart
-    (search/space.py)."""
+    (search/space.py). ``split``: ``pipeline_split`` of the config, where the caller has it (it reads the
+    split fields only, so one split serves every option)."""
     ms = framework == "mindspeed"
-    split = pipeline_split(config, spec, framework)
+    split = pipeline_split(config, spec, framework) if split is None else split
     out = _a2a_overlap_pipeline(config, spec, ms) + _schedule(config, spec, ms, split)[1]
     if config.recompute == "full":
         out += _full_recompute(config, ms, split)[1]

@@ -126,6 +126,42 @@ def expand(space: SearchSpace, layout: dict) -> list[dict]:
             for mbs in space.values["micro_batch_size"] for i in allowed]
 
 
+def scored_groups(space: SearchSpace, layouts: list[dict], margin_gib: float = 0.0) -> tuple[list[list[dict]], tuple]:
+    """Each layout's scored choices (in ``expand`` order) and their ``_score`` arrays over all of them.
+
+    An offload plan costs at least the time of the same plan without offload (its exposed copy is
+    ≥ 0) and ranks after it at equal time, so it matters only where that counterpart does not fit or
+    falls short of the memory margin. Choices without offload are scored first; an offload plan is
+    scored only where its counterpart (same micro-batch size and options) fails so. Every layout keeps
+    the best config it has when all are scored, at about half the cost where the profile has a host link."""
+    groups = [expand(space, lay) for lay in layouts]
+    flat = [c for g in groups for c in g]
+    layout_of = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    opt = np.array([c["option"] for c in flat], dtype=np.int64)
+    base = np.asarray(space.offload_counterpart, dtype=np.int64)[opt] if len(opt) else opt
+    plain = np.flatnonzero(base == opt)
+    s1 = _score_some(space, flat, plain)
+    good = {(int(layout_of[i]), flat[i]["micro_batch_size"], int(opt[i]))
+            for i, f, r in zip(plain, s1[1], s1[4]) if f and r >= margin_gib}
+    need = np.array([i for i in np.flatnonzero(base != opt)
+                     if (int(layout_of[i]), flat[i]["micro_batch_size"], int(base[i])) not in good], dtype=np.int64)
+    s2 = _score_some(space, flat, need)
+    keep = np.sort(np.concatenate([plain, need]))
+    at = np.empty(len(flat), dtype=np.int64)  # each kept choice's row in the concatenated scores
+    at[plain], at[need] = np.arange(len(plain)), len(plain) + np.arange(len(need))
+    scores = tuple(np.concatenate([x, y])[at[keep]] for x, y in zip(s1, s2))
+    kept: list[list[dict]] = [[] for _ in groups]
+    for i in keep:
+        kept[layout_of[i]].append(flat[i])
+    return kept, scores
+
+
+def _score_some(space: SearchSpace, flat: list[dict], index: np.ndarray) -> tuple[np.ndarray, ...]:
+    if len(index):
+        return _score(space, [flat[i] for i in index])
+    return (np.zeros(0, bool),) * 2 + (np.zeros(0),) * 3 + (np.zeros(0, bool),)
+
+
 def _key(choice: dict) -> tuple:
     return tuple(sorted(choice.items()))
 
@@ -233,8 +269,7 @@ def _score_round(space: SearchSpace, study: optuna.Study, trials: list, multi: b
             pass
     if write_params is not None:  # the round's parameters land before scoring (a crash retries them)
         write_params()
-    expanded = [expand(space, lay) for lay in layouts]
-    scores = _score(space, [c for group in expanded for c in group])
+    expanded, scores = scored_groups(space, layouts, margin_gib)
     start, told = 0, 0
     for trial, group in zip(live, expanded):
         sl = slice(start, start + len(group))
@@ -301,16 +336,17 @@ def rank_trials(space: SearchSpace, trials: list[optuna.trial.FrozenTrial], top_
                 margin_gib: float = 0.0) -> Ranked:
     """The ranking of a set of finished trials: every config of every trial's layout, re-scored, the
     feasible ones ranked with those that keep ``margin_gib`` of headroom first, then by tokens/s, then
-    those that offload nothing, then the smaller peak, then the order first seen (trial number, then position in the layout's options).
+    those that offload nothing, then the smaller peak, then the order first seen (trial number, then
+    position in the layout's options). Offload plans whose counterpart without offload keeps the margin
+    are not scored (``scored_groups``): they could only rank behind it.
     Deterministic in the trials alone, so any process that reads the same study ranks it the same.
     Also the best config of each of the top K distinct parallel layouts (``Ranked.layouts``)."""
     trials = sorted(trials, key=lambda t: t.number)
     layouts = [trial_layout(space, t) for t in trials]
     keys = list(dict.fromkeys(_key(lay) for lay in layouts))
-    groups = {key: expand(space, dict(key)) for key in keys}
+    scored, (valid, ok, tok, pk, room, off) = scored_groups(space, [dict(key) for key in keys], margin_gib)
+    groups = dict(zip(keys, scored))
     flat = [c for key in keys for c in groups[key]]
-    valid, ok, tok, pk, room, off = _score(space, flat) if flat else (
-        (np.zeros(0, bool),) * 2 + (np.zeros(0),) * 3 + (np.zeros(0, bool),))
     offsets, start = {}, 0
     for key in keys:
         offsets[key] = start
@@ -358,8 +394,7 @@ def _pareto(study: optuna.Study, space: SearchSpace, margin_gib: float = 0.0) ->
     layout's best config (re-scored, so that the front carries full configs; the one its trial was told)."""
     front = []
     for t in study.best_trials:
-        group = expand(space, trial_layout(space, t))
-        _, ok, tok, _, room, _ = _score(space, group)
+        (group,), (_, ok, tok, _, room, _) = scored_groups(space, [trial_layout(space, t)], margin_gib)
         j = _best_index(ok, tok, room, margin_gib)
         if j is not None:
             front.append({"trial": t.number, "tokens_per_s": t.values[0], "memory_headroom_gib": t.values[1],

@@ -52,6 +52,7 @@ follows from the device count. ``fixed`` pins any config field to one value.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from itertools import product
@@ -359,9 +360,22 @@ class SearchSpace:
             split["last_stage_layers"] = last
         if layout_id != NO_VALUE:
             split["pipeline_layout"] = self.layouts[layout_id]
-        return np.array([not frameworks.split_refusals(self._probe(**split, **self._option_fields(o)), self.spec,
-                                                       self.framework)
-                         for o in range(len(self.options))])
+        # split_refusals never reads offload_modules: options that differ only in it share one verdict,
+        # which halves the probes where the space offers offload plans
+        layout = frameworks.pipeline_split(self._probe(**split), self.spec, self.framework)  # the same for all
+        verdict = {o: not frameworks.split_refusals(self._probe(**split, **self._option_fields(o)), self.spec,
+                                                    self.framework, layout) for o in set(self.offload_counterpart)}
+        return np.array([verdict[o] for o in self.offload_counterpart])
+
+    @functools.cached_property
+    def offload_counterpart(self) -> list[int]:
+        """Per option, the first option with the same fields but no offload (itself where it offloads nothing)."""
+        first: dict[tuple, int] = {}
+        out = []
+        for o, (rec, *rest) in enumerate(self.options):
+            key = (rec.recompute, rec.modules, rec.num_layers, *rest)
+            out.append(first.setdefault(key, o))
+        return out
 
     @property
     def size(self) -> int:
