@@ -251,3 +251,40 @@ def test_search_recomputes_where_the_copy_is_exposed(preset, make_profile):
     assert recompute_cost_s < norms["time"]["offload_s"]
     offloading = [e for e in res["top"] if e["config"].get("offload_modules")]
     assert offloading and all(e["evaluation"]["step_time_s"] > best["evaluation"]["step_time_s"] for e in offloading)
+
+
+@pytest.mark.parametrize("host_gbps", [64.0, 0.05])
+def test_skipping_offload_plans_whose_counterpart_fits_keeps_every_layouts_best(preset, make_profile, host_gbps):
+    """scored_groups scores an offload plan only where its counterpart without offload fails: each
+    layout's best (and its throughput) is the one that scoring every choice gives."""
+    import optuna
+
+    from search import SearchRequest, run_search
+    from search.samplers import _best_index, _score, expand, scored_groups, trial_layout
+    from search.space import build_space
+
+    spec = preset("tiny-moe")
+    bare = evaluate(spec, make_profile(efficiency=ROUND_EFFICIENCY, facts=_host_link(host_gbps)), 8,
+                    cfg(global_batch_size=64, ep=2))
+    tight = make_profile(efficiency=ROUND_EFFICIENCY,
+                         facts={**_host_link(host_gbps), "memory_gib": bare["memory"]["peak_gib"] - 0.001})
+    space = build_space(spec, tight, 8, 64)
+    storage = optuna.storages.InMemoryStorage()  # the layouts a random search visits
+    run_search(SearchRequest(spec=spec, profile=tight, devices=8, global_batch_size=64, sampler="random", n_trials=40,
+                             seed=3, storage=storage, study_name="s", memory_margin_gib=0.0))
+    layouts = [trial_layout(space, t) for t in optuna.load_study(study_name="s", storage=storage).trials]
+    groups, scores = scored_groups(space, layouts, margin_gib=0.0)
+    skipped, start = 0, 0
+    for lay, kept in zip(layouts, groups):
+        full = expand(space, lay)
+        _, ok, tok, _, room, _ = _score(space, full)
+        sl = slice(start, start + len(kept))
+        start += len(kept)
+        skipped += len(full) - len(kept)
+        j, k = _best_index(ok, tok, room, 0.0), _best_index(scores[1][sl], scores[2][sl], scores[4][sl], 0.0)
+        assert (j is None) == (k is None)
+        if j is not None:
+            assert full[j] == kept[k] and tok[j] == scores[2][sl][k]
+    assert skipped > 0  # some offload plans were not needed ...
+    base_of = space.offload_counterpart
+    assert any(base_of[c["option"]] != c["option"] for g in groups for c in g)  # ... and some were
