@@ -46,7 +46,7 @@ def _request(model: str, **kw) -> SearchRequest:
 
 def _independent(model: str, margin: float) -> list[dict]:
     """Every feasible config of the space, scored in one batch and ranked here, best first: those that keep
-    ``margin`` first, then by tokens/s, the smaller peak, enumeration order."""
+    ``margin`` first, then by tokens/s, those that offload nothing, the smaller peak, enumeration order."""
     req = _request(model)
     space = build_space(req.spec, req.profile, req.devices, req.global_batch_size)
     rows, opts = np.nonzero(space._option_mask())
@@ -55,9 +55,8 @@ def _independent(model: str, margin: float) -> list[dict]:
     for i in np.flatnonzero(br.feasible):
         room = (br.capacity_bytes - br.peak_bytes[i]) / GIB
         out.append({"i": int(i), "tokens": float(br.tokens_per_s[i]), "peak": float(br.peak_bytes[i]),
-                    "room": room, "keeps": bool(room >= margin),
-                    "config": space.config(int(rows[i]), int(opts[i]))})
-    out.sort(key=lambda c: (not c["keeps"], -c["tokens"], c["peak"], c["i"]))
+                    "room": room, "keeps": bool(room >= margin), "config": space.config(int(rows[i]), int(opts[i]))})
+    out.sort(key=lambda c: (not c["keeps"], -c["tokens"], bool(c["config"].get("offload_modules")), c["peak"], c["i"]))
     return out
 
 
