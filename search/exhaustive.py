@@ -88,10 +88,19 @@ class _Kept:
         return cls(np.zeros(0, bool), np.zeros(0), np.zeros(0, bool), np.zeros(0),
                    *(np.zeros(0, np.int64) for _ in range(4)))
 
-    def merge(self, other: "_Kept", k: int) -> "_Kept":
+    def merge(self, other: "_Kept", k: int, counterpart: np.ndarray) -> "_Kept":
         """Both sets, ranked, cut to what can still matter (``layout_cut``): a config dropped here ranks
-        behind k layouts' best configs already, and later chunks only add better ones."""
+        behind k layouts' best configs already, and later chunks only add better ones.
+
+        An offload plan whose counterpart without offload (``counterpart``: per option index) keeps the
+        margin is dropped too: it can only rank right behind it, at equal or lower throughput, and the
+        samplers never score it (``scored_groups``), so both engines rank the same configs. Its counterpart
+        ranks ahead of it, so it is in the merged set whenever the plan is."""
         cols = {f.name: np.concatenate([getattr(self, f.name), getattr(other, f.name)]) for f in fields(self)}
+        n_opts = len(counterpart)
+        good = (cols["rows"] * n_opts + cols["opts"])[~cols["short"]]
+        redundant = cols["offloads"] & np.isin(cols["rows"] * n_opts + counterpart[cols["opts"]], good)
+        cols = {name: col[~redundant] for name, col in cols.items()}
         order = _rank_order(cols["tokens"], cols["peak"], cols["index"], cols["short"], cols["offloads"])
         order = order[:layout_cut(cols["layout"][order], k)]
         return _Kept(**{name: col[order] for name, col in cols.items()})
@@ -111,6 +120,7 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     shapes, layout_of_row = _layout_codes(space)
     variants = np.zeros(len(shapes), dtype=np.int64)
     kept = _Kept.empty()
+    counterpart = np.asarray(space.offload_counterpart, dtype=np.int64)
     feasible = 0
     min_peak, min_at = np.inf, None
     done = 0
@@ -128,7 +138,7 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
             variants += np.bincount(lay, minlength=len(shapes))
             room = (br.capacity_bytes - br.peak_bytes[ok]) / GIB  # as the result's memory.headroom_gib
             kept = kept.merge(_Kept(room < margin_gib, br.tokens_per_s[ok], batch.offload_modules[ok] != 0,
-                                    br.peak_bytes[ok], done + ok, rows[ok], opts[ok], lay), top_k)
+                                    br.peak_bytes[ok], done + ok, rows[ok], opts[ok], lay), top_k, counterpart)
         done += len(rows)
         if progress:
             progress(done, total)

@@ -203,14 +203,19 @@ def _host_link(gbps: float) -> dict:
     return {**ROUND_FACTS, "host_link_bandwidth_gbps": gbps, "host_link_devices": 1}
 
 
-def _memory_bound_search(spec, make_profile, host_gbps: float) -> tuple[dict, dict]:
-    """(the search's best, the no-recompute no-offload evaluation) with capacity halfway into the norms'
-    saving: no recompute and no offload does not fit, the norms' offload does."""
-    from search import SearchRequest, run_search
-
+def _memory_bound_profile(spec, make_profile, host_gbps: float) -> tuple[ClusterProfile, dict]:
+    """(a profile whose capacity is halfway into the norms' saving, the no-recompute no-offload
+    evaluation): no recompute and no offload does not fit, the norms' offload does."""
     bare = evaluate(spec, make_profile(efficiency=ROUND_EFFICIENCY, facts=_host_link(host_gbps)), 1, cfg(**PINNED))
     capacity_gib = bare["memory"]["peak_gib"] - NORMS_SAVED_BYTES / 2 / GIB
-    tight = make_profile(efficiency=ROUND_EFFICIENCY, facts={**_host_link(host_gbps), "memory_gib": capacity_gib})
+    return make_profile(efficiency=ROUND_EFFICIENCY, facts={**_host_link(host_gbps), "memory_gib": capacity_gib}), bare
+
+
+def _memory_bound_search(spec, make_profile, host_gbps: float) -> tuple[dict, dict]:
+    """(the search's result, the no-recompute no-offload evaluation) on ``_memory_bound_profile``."""
+    from search import SearchRequest, run_search
+
+    tight, bare = _memory_bound_profile(spec, make_profile, host_gbps)
     res = run_search(SearchRequest(spec=spec, profile=tight, devices=1, global_batch_size=4, sampler="exhaustive",
                                    top_k=50, fixed=PINNED, memory_margin_gib=0.0))
     assert not evaluate(spec, tight, 1, cfg(**PINNED))["feasible"]  # memory binds
@@ -288,3 +293,26 @@ def test_skipping_offload_plans_whose_counterpart_fits_keeps_every_layouts_best(
     assert skipped > 0  # some offload plans were not needed ...
     base_of = space.offload_counterpart
     assert any(base_of[c["option"]] != c["option"] for g in groups for c in g)  # ... and some were
+
+
+def test_exhaustive_ranks_no_offload_plan_whose_counterpart_fits(preset, make_profile):
+    """Where memory is roomy an offload plan only repeats its counterpart at equal or lower throughput:
+    the exhaustive engine ranks the same configs as the samplers, which never score such a plan, so its
+    top K are K distinct plans without offload (they had filled half the list, one copy each)."""
+    from search import SearchRequest, run_search
+
+    spec = preset("tiny-dense")
+    roomy = make_profile(efficiency=ROUND_EFFICIENCY, facts=_host_link(64.0))
+    res = run_search(SearchRequest(spec=spec, profile=roomy, devices=8, global_batch_size=32, sampler="exhaustive",
+                                   top_k=10, memory_margin_gib=0.0))
+    assert len(res["top"]) == 10
+    assert not any(e["config"].get("offload_modules") for e in res["top"]), [e["config"] for e in res["top"]]
+    keys = [json.dumps(e["config"], sort_keys=True) for e in res["top"]]
+    assert len(set(keys)) == 10
+    # and where memory binds, an offload plan whose counterpart does not fit is still ranked
+    tight, _ = _memory_bound_profile(spec, make_profile, host_gbps=64.0)
+    res, _ = _memory_bound_search(spec, make_profile, host_gbps=64.0)
+    offloading = [e["config"] for e in res["top"] if e["config"].get("offload_modules")]
+    assert offloading
+    for c in offloading:
+        assert not evaluate(spec, tight, 1, TrainingConfig(**{**c, "offload_modules": None}))["feasible"], c
