@@ -99,7 +99,8 @@ class _Kept:
         cols = {f.name: np.concatenate([getattr(self, f.name), getattr(other, f.name)]) for f in fields(self)}
         n_opts = len(counterpart)
         good = (cols["rows"] * n_opts + cols["opts"])[~cols["short"]]
-        redundant = cols["offloads"] & np.isin(cols["rows"] * n_opts + counterpart[cols["opts"]], good)
+        base = counterpart[cols["opts"]]  # itself where every plan of the search offloads (a pinned offload)
+        redundant = (base != cols["opts"]) & np.isin(cols["rows"] * n_opts + base, good)
         cols = {name: col[~redundant] for name, col in cols.items()}
         order = _rank_order(cols["tokens"], cols["peak"], cols["index"], cols["short"], cols["offloads"])
         order = order[:layout_cut(cols["layout"][order], k)]

@@ -316,3 +316,15 @@ def test_exhaustive_ranks_no_offload_plan_whose_counterpart_fits(preset, make_pr
     assert offloading
     for c in offloading:
         assert not evaluate(spec, tight, 1, TrainingConfig(**{**c, "offload_modules": None}))["feasible"], c
+
+
+def test_a_search_that_pins_offload_ranks_the_plans_that_offload(preset):
+    """With offload_modules pinned every plan offloads, so none has a counterpart without offload: each is
+    its own and none may be dropped as its repeat (they all were, and the search found nothing to fit)."""
+    from search import SearchRequest, run_search
+
+    spec, profile = preset("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb")
+    res = run_search(SearchRequest(spec=spec, profile=profile, devices=8, global_batch_size=64, sampler="exhaustive",
+                                   top_k=5, fixed={"offload_modules": ["core_attn"]}))
+    assert res["best"] is not None and len(res["top"]) == 5
+    assert all(e["config"]["offload_modules"] == ["core_attn"] for e in res["top"])
