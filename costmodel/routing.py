@@ -56,10 +56,15 @@ def placement(shares: np.ndarray, ep: int, how: str) -> np.ndarray:
     return rank_of
 
 
+def rank_loads(shares: np.ndarray, ep: int, how: str) -> np.ndarray:
+    """Tokens each EP rank receives, relative to the mean (1.0 each when perfectly balanced)."""
+    loads = np.bincount(placement(shares, ep, how), weights=shares, minlength=ep)
+    return loads / loads.mean()
+
+
 def rank_imbalance(shares: np.ndarray, ep: int, how: str) -> float:
     """max/mean of the tokens each EP rank receives (1.0: perfectly balanced)."""
-    loads = np.bincount(placement(shares, ep, how), weights=shares, minlength=ep)
-    return float(loads.max() / loads.mean())
+    return float(rank_loads(shares, ep, how).max())
 
 
 def routing_problem(spec: ModelSpec, config: TrainingConfig) -> tuple[str, str] | None:
@@ -75,8 +80,9 @@ def routing_problem(spec: ModelSpec, config: TrainingConfig) -> tuple[str, str] 
 
 
 def resolved(spec: ModelSpec, config: TrainingConfig) -> tuple[TrainingConfig, dict | None]:
-    """The config with ``moe_load_imbalance`` set from its routing (unchanged without one), and the
-    imbalance per placement for the result (None without routing). Raises ValueError naming the field
+    """The config with ``moe_load_imbalance`` set from its routing (unchanged without one), and for the
+    result (None without routing) the imbalance (max/mean) and the tokens per EP rank (relative to the
+    mean, by rank) of each placement. Raises ValueError naming the field
     where the routing does not fit (``routing_problem``)."""
     if (problem := routing_problem(spec, config)) is not None:
         raise ValueError(f"{problem[0]}: {problem[1]}")
@@ -85,8 +91,10 @@ def resolved(spec: ModelSpec, config: TrainingConfig) -> tuple[TrainingConfig, d
         return config, None
     if spec.num_experts % config.ep:  # structurally infeasible (validity: ep_divides_experts): no placement
         return config.model_copy(update={"moe_load_imbalance": 1.0}), None
-    report = {"expert_placement": config.expert_placement,
-              "imbalance_contiguous": rank_imbalance(shares, config.ep, "contiguous"),
-              "imbalance_balanced": rank_imbalance(shares, config.ep, "balanced")}
+    report: dict = {"expert_placement": config.expert_placement}
+    for how in ("contiguous", "balanced"):  # both placements, so a result shows what placement buys
+        loads = rank_loads(shares, config.ep, how)
+        report[f"imbalance_{how}"] = float(loads.max())
+        report[f"tokens_per_rank_{how}"] = [float(x) for x in loads]
     report["imbalance"] = report[f"imbalance_{config.expert_placement}"]
     return config.model_copy(update={"moe_load_imbalance": report["imbalance"]}), report

@@ -60,7 +60,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from costmodel import ConfigBatch, TrainingConfig, validity
+from costmodel import ConfigBatch, TrainingConfig, routing, validity
 from costmodel.batch import (CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DTYPE_BYTES, NO_VALUE, PRECISION_CODES,
                              OFFLOAD_BITS, RECOMPUTE_CODES, SCHEDULE_CODES, SHARDING_CODES, modules_mask)
 SCHEDULE_NAMES = {0: None, SCHEDULE_CODES["dualpipe"]: "dualpipe", SCHEDULE_CODES["dualpipev"]: "dualpipev"}
@@ -187,6 +187,10 @@ class SearchSpace:
     layouts: list[str] = field(default_factory=list)
     framework: str | None = None  # the training framework planned for (None: every option the model has)
     constants: dict = field(default_factory=dict)  # config fields one value for the whole search
+    # A pinned routing distribution (``ROUTING_FIELDS``): every config states it instead of
+    # ``moe_load_imbalance``, which then follows from each config's ep (``imbalance_by_ep``).
+    routing: dict = field(default_factory=dict)
+    imbalance_by_ep: dict[int, float] = field(default_factory=dict)
     _layouts_cache: dict | None = field(default=None, repr=False)
     _expressible_cache: dict = field(default_factory=dict, repr=False)
     _mask_cache: tuple | None = field(default=None, repr=False)
@@ -413,10 +417,19 @@ class SearchSpace:
             account_for_embedding=par["account_for_embedding"], account_for_loss=par["account_for_loss"],
             layout_id=par["layout_id"], precision=const(PRECISION_CODES[self.precision]),
             moe_a2a_overlap=o["moe_a2a_overlap"],
-            moe_load_imbalance=const(self.moe_load_imbalance, np.float64), layouts=self.layouts,
+            moe_load_imbalance=self._imbalance_column(par["ep"]), layouts=self.layouts,
             moe_a2a_hierarchical=np.asarray(par["moe_a2a_hierarchical"], dtype=bool),
             cp_comm=np.asarray(par["cp_comm"], dtype=np.int64), schedule=np.asarray(par["schedule"], dtype=np.int64),
             offload_modules=o["offload_modules"], **self._constant_columns(n))
+
+    def _imbalance_column(self, ep: np.ndarray) -> np.ndarray:
+        """max/mean tokens per EP rank of each config: the search's constant, or its routing's at that ep."""
+        if not self.imbalance_by_ep:
+            return np.full(len(ep), self.moe_load_imbalance, dtype=np.float64)
+        lut = np.ones(max(self.imbalance_by_ep) + 1)  # an ep that does not divide the experts is invalid anyway
+        for e, imb in self.imbalance_by_ep.items():
+            lut[e] = imb
+        return lut[ep]
 
     def _constant_columns(self, n: int) -> dict[str, np.ndarray]:
         """The batch columns of the per-search constants (``constants``; each column's default otherwise)."""
@@ -455,7 +468,9 @@ class SearchSpace:
                "overlap_grad_reduce": self.fixed.get("overlap_grad_reduce", True),
                "overlap_param_gather": self.fixed.get("overlap_param_gather", True),
                "precision": self.precision, "moe_a2a_overlap": bool(a2a),
-               "moe_load_imbalance": self.moe_load_imbalance, **self.constants}
+               **(self.routing if self.imbalance_by_ep else {"moe_load_imbalance": self.moe_load_imbalance,
+                                                             **self.routing}),
+               **self.constants}
         # the searched algorithms: stated for MoE models (the dispatch) and with cp > 1, or when pinned
         if self.spec.is_moe or "moe_a2a_algorithm" in self.fixed:
             cfg["moe_a2a_algorithm"] = "hierarchical" if p["moe_a2a_hierarchical"] else "flat"
@@ -670,6 +685,7 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
     constants = _constants(spec, fixed, framework)
     imbalance = DEFAULT_MOE_LOAD_IMBALANCE if moe_load_imbalance is None else moe_load_imbalance
     values = _apply_fixed(_values(spec, profile, devices, allow_cross_domain_tp, framework), fixed)
+    routed, imbalance_by_ep = _routing_imbalance(spec, fixed, values["ep"], moe_load_imbalance, framework)
     for key, vals in values.items():
         if not vals:
             raise SpaceError(f"fix.{key}" if key in fixed else key, "no value is left for this dimension")
@@ -722,7 +738,7 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
     space = SearchSpace(spec=spec, profile=profile, devices=devices, global_batch_size=global_batch_size,
                         precision=precision, moe_load_imbalance=imbalance, values=values, fixed=fixed,
                         parallel=parallel, options=options, layouts=layouts, framework=framework,
-                        constants=constants, check=check)
+                        constants=constants, routing=routed, imbalance_by_ep=imbalance_by_ep, check=check)
     # Keep the layouts every validity rule accepts, checked by the cost model's own code.
     probe = space.make_batch(np.arange(len(g)), np.zeros(len(g), dtype=np.int64))
     broken = np.logical_or.reduce([r.broken for r in validity.check(spec, probe, devices, profile.has_fp8, profile.has_host_link)])
@@ -758,6 +774,9 @@ def _no_config_error(devices: int, global_batch_size: int, node_size: int) -> Sp
 
 
 # Config fields the search does not vary: one value for the whole search (pinned, or the framework's).
+# The router's distribution and the experts' placement (costmodel/routing.py): pinned inputs, one for the
+# whole search; the imbalance they give depends on each config's ep.
+ROUTING_FIELDS = ("moe_expert_load", "moe_expert_skew", "expert_placement")
 CONSTANT_FIELDS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
                    "data_parallel_sharding_strategy")
 
@@ -772,6 +791,31 @@ def _constants(spec: ModelSpec, fixed: dict, framework: str | None) -> dict:
             raise SpaceError(f"fix.{name}", f"{frameworks.LABELS[framework]} cannot launch {fixed[name]} "
                                             f"(it offers {', '.join(frameworks.algorithm_values(framework, name))})")
     return {k: fixed[k] for k in CONSTANT_FIELDS if k in fixed}
+
+
+def _routing_imbalance(spec: ModelSpec, fixed: dict, eps: list[int], moe_load_imbalance: float | None,
+                       framework: str | None) -> tuple[dict, dict[int, float]]:
+    """(the pinned routing fields, max/mean tokens per EP rank for each ep that divides the experts);
+    no imbalance table without a distribution. SpaceError names the field that does not fit, and a
+    placement the framework cannot launch (``frameworks.express`` refuses ``balanced``: a result still
+    reports what it would give, ``moe_routing.imbalance_balanced``)."""
+    pinned = {k: fixed[k] for k in ROUTING_FIELDS if k in fixed}
+    if framework is not None and pinned.get("expert_placement", "contiguous") != "contiguous":
+        raise SpaceError("fix.expert_placement", f"{frameworks.LABELS[framework]} cannot launch a "
+                                                 f"{pinned['expert_placement']} placement: no launch flag places "
+                                                 "experts by load (both frameworks place them contiguously)")
+    if pinned.get("moe_expert_load") is None and pinned.get("moe_expert_skew") is None:
+        return pinned, {}
+    name = "moe_expert_load" if pinned.get("moe_expert_load") is not None else "moe_expert_skew"
+    if moe_load_imbalance is not None:
+        raise SpaceError(f"fix.{name}", "a routing distribution sets the imbalance: give it or "
+                                        "moe_load_imbalance, not both")
+    cfg = TrainingConfig.model_validate({"global_batch_size": 1, **pinned})
+    if (problem := routing.routing_problem(spec, cfg)) is not None:
+        raise SpaceError(f"fix.{problem[0]}", problem[1])
+    shares = routing.expert_shares(spec, cfg)
+    return pinned, {e: routing.rank_imbalance(shares, e, cfg.expert_placement)
+                    for e in eps if spec.num_experts % e == 0}
 
 
 def _with_algorithms(space: SearchSpace, par: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

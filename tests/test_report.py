@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from app.service.core.config import Settings  # noqa: E402
 from app.service.main import create_app  # noqa: E402
-from app.formats.report import PLOT_IDS, ReportError, render_report  # noqa: E402
+from app.formats.report import PLOT_IDS, ROUTING_PLOT_ID, ReportError, render_report  # noqa: E402
 from app.service.services.studies import optuna_storage  # noqa: E402
 from app.service.worker import Worker  # noqa: E402
 from service_util import ROOT, require_chromium, run_cli  # noqa: E402
@@ -256,10 +256,10 @@ GEOMETRY_JS = """
 """
 
 
-def _geometry(page_html: str, path) -> dict:
+def _geometry(page_html: str, path, ids=PLOT_IDS) -> dict:
     import html as html_mod
 
-    js = GEOMETRY_JS.replace("PLOT_IDS", json.dumps(list(PLOT_IDS)))
+    js = GEOMETRY_JS.replace("PLOT_IDS", json.dumps(list(ids)))
     path.write_text(page_html.replace("</body>", f"<script>{js}</script></body>"), encoding="utf-8")
     dom = shot.rendered_dom(path)
     m = re.search(r'<pre id="geometry">(.*?)</pre>', dom, re.S)
@@ -322,3 +322,69 @@ def test_memory_plot_ticks_one_integer_per_stage():
     assert x["range"] == [-0.5, 15.5]
     x = memory_figure(top[1:], 4.0)["layout"]["xaxis"]
     assert x["tickvals"] == [0] and x["range"] == [-0.5, 0.5]  # one stage: one tick, the point mid-plot
+
+
+# ---- routing and offload (issue 12) ----------------------------------------------------------------------
+# A real search whose best config offloads (pinned) and states the router's loads (hand-worked in
+# tests/test_routing.py: 4,3,2,1,1,1,1,1 on ep 2 gives ranks 10 and 4 of a mean 7 placed contiguously,
+# 7 and 7 balanced).
+ROUTED = ("search", "--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices", "8", "--global-batch-size",
+          "64", "--fix", "ep=2", "--fix", "moe_expert_load=[4,3,2,1,1,1,1,1]", "--fix", 'offload_modules=["core_attn"]',
+          "--json")
+
+
+@pytest.fixture(scope="module")
+def routed_result():
+    proc = run_cli(*ROUTED)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_report_shows_tokens_per_ep_rank_before_and_after_placement(routed_result, results):
+    figs = _figures(render_report(routed_result))
+    assert set(figs) == {*PLOT_IDS, ROUTING_PLOT_ID}
+    bars = {t["name"]: t["y"] for t in figs[ROUTING_PLOT_ID]["data"] if t["type"] == "bar"}
+    assert bars == {"contiguous (max/mean 1.43)": pytest.approx([10 / 7, 4 / 7]),
+                    "balanced (max/mean 1.00)": pytest.approx([1.0, 1.0])}
+    assert "contiguous used" in _title(figs[ROUTING_PLOT_ID])
+    assert set(_figures(render_report(results["tpe"]))) == set(PLOT_IDS)  # no routing stated: four plots
+
+
+def test_report_shows_memory_per_stage_with_and_without_offload(routed_result, results):
+    best = routed_result["top"][0]
+    assert best["config"]["offload_modules"] == ["core_attn"]
+    mem = best["evaluation"]["memory"]
+    page = render_report(routed_result)
+    traces = {t["name"]: t for t in _figures(page)["plot-memory"]["data"]}
+    assert traces["#1"]["y"] == mem["per_stage_peak_gib"]
+    assert traces["#1 without offload"]["y"] == mem["per_stage_peak_without_offload_gib"]
+    assert all(b > a for a, b in zip(traces["#1"]["y"], traces["#1 without offload"]["y"]))
+    names = [t["name"] for t in _figures(page)["plot-memory"]["data"]]
+    assert names.index("#1 without offload") == len(names) - 2  # drawn just under the best
+    note = re.search(r'<span class="offload-note" id="offload-note">(.*?)</span>', page).group(1)
+    assert note.startswith("Offloads core_attn to host memory: peak "
+                           f"{max(mem['per_stage_peak_gib']):.1f} GiB against "
+                           f"{max(mem['per_stage_peak_without_offload_gib']):.1f} GiB without offload")
+    assert f"{best['evaluation']['time']['offload_s']:.3f} s per step" in note
+    plain = render_report(results["tpe"])  # nothing offloaded: no dashed trace, no note
+    assert "without offload" not in json.dumps(_figures(plain)) and "offload-note" not in plain
+
+
+def test_time_plot_stacks_every_part_of_the_breakdown():
+    from costmodel.evaluate import TIME_KEYS
+
+    from app.formats.report import TIME_PARTS
+
+    assert TIME_PARTS == TIME_KEYS  # offload_s and straggler_s included: the bars add up to the step
+
+
+def test_routing_and_offload_plots_fit_their_titles_in_chromium(chromium, routed_result, tmp_path):
+    ids = (*PLOT_IDS, ROUTING_PLOT_ID)
+    geo = _geometry(render_report(routed_result), tmp_path / "routed.html", ids)
+    for pid in ids:
+        g = geo[pid]
+        assert g["title"] and g["title"]["width"] > 0 and _inside(g["title"], g["panel"]), (pid, g)
+        assert g["modebar"] and not _overlap(g["title"], g["modebar"]), pid
+    mem = {t["name"]: t for t in geo["plot-memory"]["traces"]}
+    assert mem["#1"]["order"] > mem["#1 without offload"]["order"]  # the best on top
+    assert all(all(p["ring"]) for p in mem["#1"]["points"])  # and nothing drawn over its marker

@@ -111,3 +111,73 @@ def test_api_reports_routing_and_names_bad_fields(tmp_path):
         r = client.post("/v1/evaluate", json=body)
         assert r.status_code == 422
         assert ["body", "config", "moe_expert_load"] in [d["loc"] for d in r.json()["detail"]]
+
+
+# ---- searching with a routing distribution -------------------------------------------------------------
+SEARCH = ("search", "--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices", "16",
+          "--global-batch-size", "64")
+
+
+def test_a_search_scores_each_ep_with_the_imbalance_its_placement_gives():
+    """The distribution is pinned (--fix); the imbalance then differs per ep: one rank holds every expert
+    at ep 1 (1.0), each expert has its own rank at ep 8 (max share × 8). Every ranked config states the
+    distribution, not an imbalance, and scores as evaluate scores it."""
+    from search import SearchRequest, run_search
+
+    spec, profile = model_presets.load("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb")
+    res = run_search(SearchRequest(spec=spec, profile=profile, devices=16, global_batch_size=64, sampler="exhaustive",
+                                   top_k=40, fixed={"moe_expert_skew": 0.8}))
+    shares = expert_shares(spec, TrainingConfig.model_validate({"global_batch_size": 1, "moe_expert_skew": 0.8}))
+    seen = {}
+    for e in res["top"] + res["layouts"]:
+        cfg = e["config"]
+        assert cfg["moe_expert_skew"] == 0.8 and "moe_load_imbalance" not in cfg
+        routed = e["evaluation"]["moe_routing"]
+        assert routed["imbalance"] == pytest.approx(rank_imbalance(shares, cfg["ep"], "contiguous"), rel=1e-12)
+        seen[cfg["ep"]] = routed["imbalance"]
+        again = evaluate(spec, profile, 16, TrainingConfig.model_validate(cfg))
+        assert again["tokens_per_s"] == pytest.approx(e["evaluation"]["tokens_per_s"], rel=1e-12)
+    assert len(seen) > 1, seen  # several ep values ranked, each with its own imbalance
+    if 1 in seen:
+        assert seen[1] == pytest.approx(1.0)
+    if 8 in seen:
+        assert seen[8] == pytest.approx(8 * shares.max())
+    # the same search at a stated imbalance of 1.0 ranks faster configs: the skew costs time
+    flat = run_search(SearchRequest(spec=spec, profile=profile, devices=16, global_batch_size=64, sampler="exhaustive",
+                                    top_k=1, moe_load_imbalance=1.0))
+    assert flat["best"]["evaluation"]["tokens_per_s"] > res["best"]["evaluation"]["tokens_per_s"]
+
+
+@pytest.mark.parametrize("args,field,why", [
+    (("--fix", "moe_expert_skew=0.5", "--moe-load-imbalance", "1.2"), "fix.moe_expert_skew", "not both"),
+    (("--fix", "moe_expert_load=[1,2]"), "fix.moe_expert_load", "2 shares for num_experts=8"),
+    (("--fix", "moe_expert_skew=-1"), "fix.moe_expert_skew", "greater than or equal"),
+    (("--fix", "moe_expert_skew=0.5", "--fix", "expert_placement=balanced"), "fix.expert_placement",
+     "cannot launch a balanced placement"),
+])
+def test_bad_search_routing_exits_2_naming_the_field(args, field, why):
+    proc = run(*SEARCH, *args)
+    assert proc.returncode == 2, proc.stdout[-500:]
+    assert field in proc.stderr and why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_dense_search_refuses_a_routing_distribution():
+    proc = run("search", "--model", "tiny-dense", "--cluster", "nvidia-h100-80gb", "--devices", "8",
+               "--global-batch-size", "64", "--fix", "moe_expert_skew=0.5")
+    assert proc.returncode == 2 and "fix.moe_expert_skew" in proc.stderr and "dense" in proc.stderr, proc.stderr
+
+
+def test_api_job_with_bad_routing_is_a_422_naming_the_field(tmp_path):
+    job = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 16, "global_batch_size": 64,
+           "search": {"sampler": "exhaustive", "fixed": {"moe_expert_load": [1, 2]}}}
+    with TestClient(create_app(Settings(database_url=f"sqlite:///{tmp_path / 'api.db'}"))) as client:
+        r = client.post("/v1/jobs", json=job)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "search", "fixed", "moe_expert_load"]
+        assert "num_experts=8" in r.json()["detail"][0]["msg"]
+        job["search"]["fixed"] = {"moe_expert_skew": 0.5, "expert_placement": "balanced"}
+        r = client.post("/v1/jobs", json=job)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "search", "fixed", "expert_placement"]
+        job["search"]["fixed"] = {"moe_expert_skew": 0.5}
+        assert client.post("/v1/jobs", json=job).status_code == 202  # accepted: the worker ranks with it

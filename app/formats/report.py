@@ -17,6 +17,11 @@ Plots (their ``div`` ids are stable; tests look for them):
   result has one; otherwise the non-dominated configs among the top: more tokens/s, less memory).
 * ``plot-history``: tokens/s per trial and the best so far; without a history (exhaustive search, or a
   service job whose study is gone), the ranked top K, and the title says so.
+* ``plot-routing`` (only when the best config states a routing distribution, ``moe_routing``): its tokens
+  per EP rank relative to the mean, with experts placed contiguously and balanced.
+
+Where the best config offloads activations, the memory plot also draws its per-stage peaks without
+offload (dashed), and the best line says how much the offload moves to the host and what it costs.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ import json
 import math
 from functools import lru_cache
 
+from costmodel.evaluate import TIME_KEYS
+
 from .describe import config_brief, layout_brief, margin_mark, variant_brief
 
 PLOT_IDS = ("plot-time", "plot-memory", "plot-pareto", "plot-history")
-TIME_PARTS = ("compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "pp_p2p_s",
-              "dp_comm_exposed_s", "optimizer_s", "straggler_s")
+ROUTING_PLOT_ID = "plot-routing"  # a fifth plot, only where the best config states a routing distribution
+TIME_PARTS = TIME_KEYS  # the breakdown's parts, in the cost model's order (they add up to the step time)
 MAX_PLOTTED = 10  # the time and memory plots show at most this many of the top configs
 COLOURS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6",
            "#9d755d", "#bab0ac")
@@ -199,10 +206,17 @@ def memory_figure(top: list[dict], margin: float | None = None) -> dict:
                          "x": span, "y": [cap - margin, cap - margin], "hoverinfo": "skip",
                          "line": {"color": "#ff7f0e", "dash": "dot", "width": 2}})
     data += configs[::-1]  # Plotly draws later traces on top: the best last; the legend lists it first
+    bare = _without_offload(top[0]) if configs else None
+    if bare:  # drawn just under the best: what its offload saves, per stage
+        data.insert(len(data) - 1, {
+            "type": "scatter", "mode": "lines+markers", "name": f"#{top[0]['rank']} without offload",
+            "x": list(range(len(bare))), "y": bare, "marker": {"size": 7, "symbol": "diamond-open", "color": COLOURS[0]},
+            "line": {"color": COLOURS[0], "width": 2, "dash": "dash"},
+            "hovertemplate": f"#{top[0]['rank']} without offload<br>stage %{{x}}: %{{y:.1f}} GiB<extra></extra>"})
     step = max(1, math.ceil(max(stages_max, 1) / MAX_STAGE_TICKS))
     # An explicit range with room below zero: "tozero" clips at 0, so a small model's peak (3 GiB of an
     # 80 GiB axis) drew the best config's ring half under the axis; the ring is ~4 % of the plot's height.
-    peaks = [y for c in configs for y in c["y"] if y is not None]
+    peaks = [y for c in configs for y in c["y"] if y is not None] + [y for y in bare or [] if y is not None]
     y_top = 1.06 * max([cap or 0.0, *peaks, 1.0])
     title = "Peak memory per pipeline stage" if stages_max else \
         "Peak memory per pipeline stage: no per-stage figures in this result"
@@ -211,7 +225,59 @@ def memory_figure(top: list[dict], margin: float | None = None) -> dict:
         "title": {"text": "pipeline stage (lines: ranks; ring: the best config)"}, "range": span,
         "tickmode": "array", "tickvals": list(range(0, max(stages_max, 1), step)),
         "ticktext": [str(i) for i in range(0, max(stages_max, 1), step)], "zeroline": False},
-        legend={"orientation": "h", "y": -0.2, "traceorder": "reversed"})}
+        # anchored by its top: Plotly's default anchors a legend below the plot by its bottom, so its rows
+        # grew upwards over the axis title
+        legend={"orientation": "h", "y": -0.3, "yanchor": "top", "traceorder": "reversed"})}
+
+
+def _without_offload(entry: dict) -> list[float] | None:
+    """Per-stage peaks of a config that offloads activations, had it kept them on the device (GiB)."""
+    if not (entry.get("config") or {}).get("offload_modules"):
+        return None
+    bare = (entry["evaluation"].get("memory") or {}).get("per_stage_peak_without_offload_gib")
+    return [_num(v) for v in bare] if bare else None
+
+
+def _max(xs: list) -> float | None:
+    return max((x for x in xs if x is not None), default=None)
+
+
+def _offload_note(entry: dict) -> str | None:
+    """What the config's activation offload moves to the host and what it costs, in one sentence."""
+    bare = _without_offload(entry)
+    if not bare:
+        return None
+    ev = entry["evaluation"]
+    peaks = [_num(v) for v in (ev.get("memory") or {}).get("per_stage_peak_gib") or []]
+    moved = [_num(v) for v in (ev.get("memory") or {}).get("per_stage_offloaded_gib") or []]
+    return (f"Offloads {', '.join(entry['config']['offload_modules'])} to host memory: peak "
+            f"{_fmt(_max(peaks), '.2f')} GiB against {_fmt(_max(bare), '.2f')} "
+            f"GiB without offload, up to {_fmt(_max(moved), '.2f')} GiB per device on the host, "
+            f"{_fmt((ev.get('time') or {}).get('offload_s'), '.3f')} s per step of copy not hidden behind compute.")
+
+
+def routing_figure(entry: dict) -> dict | None:
+    """Tokens per EP rank of a config that states a routing distribution, relative to the mean, with
+    experts placed contiguously (before) and balanced (after): the max over ranks is the imbalance
+    that slows the expert GEMMs and the all-to-all. None without a distribution."""
+    r = entry["evaluation"].get("moe_routing") or {}
+    if not r.get("tokens_per_rank_contiguous"):
+        return None
+    data = [{"type": "bar", "name": f"{how} (max/mean {_fmt(r.get(f'imbalance_{how}'), '.2f')})",
+             "x": list(range(len(r[f"tokens_per_rank_{how}"]))), "y": r[f"tokens_per_rank_{how}"],
+             "marker": {"color": colour},
+             "hovertemplate": f"{how}: EP rank %{{x}}: %{{y:.2f}} × mean<extra></extra>"}
+            for how, colour in (("contiguous", COLOURS[1]), ("balanced", COLOURS[0])) if r.get(f"tokens_per_rank_{how}")]
+    n = len(data[0]["x"])
+    data.append({"type": "scatter", "mode": "lines", "name": "mean", "x": [-0.5, n - 0.5], "y": [1.0, 1.0],
+                 "hoverinfo": "skip", "line": {"color": "#444", "dash": "dot", "width": 1.5}})
+    title = (f"Tokens per EP rank of #{entry['rank']}, before and after placement "
+             f"({r.get('expert_placement', 'contiguous')} used)")
+    return {"data": data, "layout": _layout(title, "EP rank", "tokens ÷ mean over ranks", barmode="group",
+                                            xaxis={"title": {"text": "EP rank"}, "range": [-0.5, n - 0.5],
+                                                   "tickmode": "linear", "tick0": 0,
+                                                   "dtick": max(1, math.ceil(n / MAX_STAGE_TICKS))},
+                                            legend={"orientation": "h", "y": -0.2})}
 
 
 def pareto_figure(result: dict) -> dict:
@@ -313,12 +379,22 @@ def _warnings(result: dict) -> str:
 
 
 def _imbalance(result: dict) -> str:
-    """The MoE load imbalance the scores were computed with: the input, or the default the configs record
-    (the inputs keep null when none was given); dense models apply none."""
+    """The MoE load imbalance the scores were computed with: the input, the routing distribution the
+    configs state (the imbalance then follows from each config's ep and placement), or the default the
+    configs record (the inputs keep null when none was given); dense models apply none."""
     inputs = result.get("inputs") or {}
     model = inputs.get("model")
     if isinstance(model, dict) and not model.get("num_experts"):
         return "— (dense model)"
+    routed = next((e["evaluation"]["moe_routing"] for e in result.get("top") or []
+                   if (e.get("evaluation") or {}).get("moe_routing")), None)
+    if routed is not None:
+        cfg = result["top"][0].get("config") or {}
+        source = "moe_expert_load" if cfg.get("moe_expert_load") is not None else "moe_expert_skew"
+        if source == "moe_expert_skew" and cfg.get("moe_expert_skew") is not None:
+            source += f" {cfg['moe_expert_skew']:g}"
+        return (f"from the routing ({source}, {routed.get('expert_placement', 'contiguous')} placement): "
+                f"{_fmt(routed.get('imbalance'), '.3f')} for #1")
     given = _num(inputs.get("moe_load_imbalance"))
     if given is not None:
         return f"{given:g}"
@@ -434,6 +510,8 @@ def render_report(result: dict) -> str:
     figures = {"plot-time": time_figure(top), "plot-memory": memory_figure(top, margin),
                "plot-pareto": pareto_figure(result),
                "plot-history": history_figure(result)}
+    if top and (routed := routing_figure(top[0])) is not None:
+        figures[ROUTING_PLOT_ID] = routed
     payload = json.dumps(figures, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
     inputs = result.get("inputs") or {}
     model = inputs.get("model")
@@ -445,12 +523,14 @@ def render_report(result: dict) -> str:
                  f"MFU {_fmt(best['evaluation'].get('mfu'), '.3f')}, "
                  f"headroom {_fmt(_headroom(best['evaluation']), '.1f')} GiB" if best else
                  "<b>No config fits.</b>")
+    if best and (note := _offload_note(best)):
+        best_line += f'<br><span class="offload-note" id="offload-note">{html.escape(note)}</span>'
     if best and best.get("keeps_margin") is False:
         best_line += (f'<br><span class="short-note"><b>No config keeps the {margin:g} GiB memory margin</b>: '
                       "this one fits in the model but leaves less room than the margin for allocator fragmentation "
                       "and communication buffers, and may not fit in practice.</span>")
     layouts, layouts_note = layout_groups(result)
-    divs = "".join(f'<div id="{pid}" class="plot"></div>' for pid in PLOT_IDS)
+    divs = "".join(f'<div id="{pid}" class="plot"></div>' for pid in figures)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style>
