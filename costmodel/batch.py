@@ -35,7 +35,7 @@ DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 # TrainingConfig's defaults for them (see ``__post_init__``), so a new field never changes what an
 # older caller scores.
 _LATER_COLUMNS = ("moe_a2a_hierarchical", "cp_comm", "main_grads_bytes", "main_params_bytes",
-                  "exp_avg_bytes", "exp_avg_sq_bytes", "schedule", "offload_modules")
+                  "exp_avg_bytes", "exp_avg_sq_bytes", "schedule", "offload_modules", "moe_expert_replicas")
 
 
 @functools.cache
@@ -91,6 +91,7 @@ class ConfigBatch:
     sharding: np.ndarray | None = None  # SHARDING_CODES; default from distributed_optimizer
     schedule: np.ndarray | None = None  # SCHEDULE_CODES
     offload_modules: np.ndarray | None = None  # bit mask of OFFLOAD_BITS (0: nothing offloaded)
+    moe_expert_replicas: np.ndarray | None = None  # extra expert slots per EP rank (copies of hot experts)
 
     @property
     def chunks(self) -> np.ndarray:
@@ -173,6 +174,7 @@ class ConfigBatch:
             sharding=col(lambda c: SHARDING_CODES[c.sharding], np.int64),
             schedule=col(lambda c: SCHEDULE_CODES[c.schedule], np.int64),
             offload_modules=col(lambda c: modules_mask(c.offload_modules or (), OFFLOAD_BITS), np.int64),
+            moe_expert_replicas=col(lambda c: c.moe_expert_replicas, np.int64),
         )
 
     def take(self, idx: np.ndarray) -> "ConfigBatch":

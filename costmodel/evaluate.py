@@ -333,7 +333,8 @@ def _layer_inputs(spec: ModelSpec, hw: Hardware, b: ConfigBatch,
     ctx = layers.Context(spec=spec, hw=hw, shapes=shapes, fp8=b.precision == 1, sp=b.sequence_parallel,
                          imbalance=b.moe_load_imbalance, modules=shapes.modules,
                          a2a_hierarchical=b.moe_a2a_hierarchical, cp_comm=b.cp_comm,
-                         grad_accum_bytes=b.main_grads_bytes.astype(np.int64))
+                         grad_accum_bytes=b.main_grads_bytes.astype(np.int64),
+                         expert_replicas=b.moe_expert_replicas.astype(np.int64))
     holds_head = (spec.untie_embeddings_and_output_weights | (b.pp > 1)).astype(np.int64)
     # The last stage also keeps a copy of the embedding when MTP needs it there (pp > 1): a second
     # V·h/tp matrix, added as a count (adding the two bool arrays would be a logical or).
@@ -377,6 +378,16 @@ def _take_fields(obj, idx: np.ndarray, n: int, taken: dict):
                 taken[id(v)] = v[idx]
             changes[f.name] = taken[id(v)]
     return replace(obj, **changes)
+
+
+def _replica_grad_sync_s(spec: ModelSpec, b: ConfigBatch, expert_grad_bytes: np.ndarray, hw: Hardware) -> np.ndarray:
+    """A copy of a hot expert (``moe_expert_replicas``, routing.py) sums its gradient with its original
+    each step: an all-reduce between two EP ranks, taken on the far half of the EP group (where the group
+    spans nodes, across them), of the copies' share of each stage's expert gradients."""
+    local = spec.num_experts / b.ep + b.moe_expert_replicas
+    share = b.moe_expert_replicas / local
+    stride = b.etp * np.maximum(b.ep // 2, 1)
+    return comm.all_reduce_s(expert_grad_bytes * share[None, :], stride[None, :], 2, hw)
 
 
 def _distinct_layer_inputs(b: ConfigBatch, ctx: layers.Context,
@@ -630,6 +641,8 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     # Per-config selections as products with 0/1 and 1/2 rows (exact for finite values; np.where
     # otherwise): all-reduce without the distributed optimizer, no parameter all-gather.
     grad_sync = grad_rs * col(np.where(sharded_opt, 1.0, 2.0))
+    if b.moe_expert_replicas.any():
+        grad_sync = grad_sync + _replica_grad_sync_s(spec, b, grad_bytes * expert_params, hw)
     param_sync = param_ag * dist if _all_finite(param_ag) else np.where(dist > 0, param_ag, 0.0)
     dp_ov = hw.dp_overlap
     # Overlapped DP traffic shares each device's NIC with the expert dispatch of the passes it hides

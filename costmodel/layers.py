@@ -81,6 +81,7 @@ class Context:
     a2a_hierarchical: np.ndarray  # EP dispatch deduplicated per destination node
     cp_comm: np.ndarray  # batch.CP_COMM_CODES: 0 ring, 1 Ulysses all-to-all, 2 K/V all-gather, 3 both
     grad_accum_bytes: np.ndarray  # bytes per element of the main gradients (integer, main_grads_dtype)
+    expert_replicas: np.ndarray  # extra expert slots per EP rank (copies of hot experts, routing.py)
 
     def drops(self, module: str) -> np.ndarray:
         return (self.modules & MODULE_BITS[module]) != 0
@@ -246,7 +247,7 @@ def moe_block(ctx: Context) -> Cost:
     set the pace of the layer (DeepSeek-V3 §3.2 on EP load balance)."""
     spec, hw, s = ctx.spec, ctx.hw, ctx.shapes
     h, f, E, k = spec.hidden_size, spec.expert_ffn, spec.num_experts, spec.moe_router_topk
-    local_experts = E / s.ep
+    local_experts = E / s.ep + ctx.expert_replicas  # a copy is a full expert: weights, grads, its own GEMM
     tokens_per_device = s.routed * s.etp  # every ETP member processes its EP rank's tokens
     expert_fwd, expert_bwd, expert_act = _expert_parts(ctx, tokens_per_device, local_experts)
     expert_flops = 2.0 * s.routed * mlp_params(h, f, spec.swiglu)

@@ -7,7 +7,11 @@ max/mean routed tokens per EP rank, then follows from where the experts sit:
 * ``contiguous``: expert e on rank e // (E / ep), as Megatron-Core assigns local experts;
 * ``balanced``: the hottest expert first on the least loaded rank that has a free slot (greedy
   longest-processing-time placement, each rank keeping E / ep experts), as Huawei's "EDP Balance"
-  places experts for Pangu Ultra MoE so that hot experts do not share a rank.
+  places experts for Pangu Ultra MoE so that hot experts do not share a rank. With
+  ``moe_expert_replicas`` = r, each rank has r more slots, filled with copies of the experts whose
+  tokens per copy are the most (one more copy at a time, at most one copy per rank), each copy taking an
+  equal part of its expert's tokens, and the copies are placed the same greedy way, never two of one
+  expert on a rank: the replication and packing of DeepSeek's EPLB (deepseek-ai/EPLB), for training.
 
 The expected shares are what the placement sees; the per-micro-batch noise of routing around them is
 not modelled (it adds to max/mean in practice; ``moe_load_imbalance`` states a measured value).
@@ -56,15 +60,49 @@ def placement(shares: np.ndarray, ep: int, how: str) -> np.ndarray:
     return rank_of
 
 
-def rank_loads(shares: np.ndarray, ep: int, how: str) -> np.ndarray:
+def copies(shares: np.ndarray, ep: int, replicas: int) -> np.ndarray:
+    """Copies of each expert: one each, then ``ep · replicas`` more, each to the expert with the most
+    tokens per copy that has fewer than ``ep`` (a copy per rank at most); slots left when every expert
+    has ``ep`` copies stay empty."""
+    n = np.ones(len(shares), dtype=np.int64)
+    for _ in range(ep * replicas):
+        per_copy = np.where(n < ep, shares / n, -1.0)
+        e = int(np.argmax(per_copy))
+        if per_copy[e] < 0:
+            break
+        n[e] += 1
+    return n
+
+
+def _replicated_loads(shares: np.ndarray, ep: int, replicas: int) -> np.ndarray:
+    """Token share per rank with ``replicas`` extra slots per rank (balanced placement of the copies)."""
+    n = copies(shares, ep, replicas)
+    experts = np.repeat(np.arange(len(shares)), n)
+    load_of = (shares / n)[experts]
+    slots = len(shares) // ep + replicas
+    load, free = np.zeros(ep), np.full(ep, slots)
+    holds = np.zeros((ep, len(shares)), dtype=bool)
+    for j in np.argsort(-load_of, kind="stable"):
+        open_ranks = np.flatnonzero((free > 0) & ~holds[:, experts[j]])
+        r = open_ranks[np.argmin(load[open_ranks])]
+        load[r] += load_of[j]
+        free[r] -= 1
+        holds[r, experts[j]] = True
+    return load
+
+
+def rank_loads(shares: np.ndarray, ep: int, how: str, replicas: int = 0) -> np.ndarray:
     """Tokens each EP rank receives, relative to the mean (1.0 each when perfectly balanced)."""
-    loads = np.bincount(placement(shares, ep, how), weights=shares, minlength=ep)
+    if replicas and how == "balanced":
+        loads = _replicated_loads(shares, ep, replicas)
+    else:
+        loads = np.bincount(placement(shares, ep, how), weights=shares, minlength=ep)
     return loads / loads.mean()
 
 
-def rank_imbalance(shares: np.ndarray, ep: int, how: str) -> float:
+def rank_imbalance(shares: np.ndarray, ep: int, how: str, replicas: int = 0) -> float:
     """max/mean of the tokens each EP rank receives (1.0: perfectly balanced)."""
-    return float(rank_loads(shares, ep, how).max())
+    return float(rank_loads(shares, ep, how, replicas).max())
 
 
 def routing_problem(spec: ModelSpec, config: TrainingConfig) -> tuple[str, str] | None:
@@ -91,9 +129,9 @@ def resolved(spec: ModelSpec, config: TrainingConfig) -> tuple[TrainingConfig, d
         return config, None
     if spec.num_experts % config.ep:  # structurally infeasible (validity: ep_divides_experts): no placement
         return config.model_copy(update={"moe_load_imbalance": 1.0}), None
-    report: dict = {"expert_placement": config.expert_placement}
+    report: dict = {"expert_placement": config.expert_placement, "moe_expert_replicas": config.moe_expert_replicas}
     for how in ("contiguous", "balanced"):  # both placements, so a result shows what placement buys
-        loads = rank_loads(shares, config.ep, how)
+        loads = rank_loads(shares, config.ep, how, config.moe_expert_replicas)
         report[f"imbalance_{how}"] = float(loads.max())
         report[f"tokens_per_rank_{how}"] = [float(x) for x in loads]
     report["imbalance"] = report[f"imbalance_{config.expert_placement}"]

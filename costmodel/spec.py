@@ -200,6 +200,9 @@ class TrainingConfig(BaseModel):
     moe_expert_load: list[float] | None = Field(default=None, min_length=1, max_length=4096)
     moe_expert_skew: float | None = Field(default=None, ge=0.0, le=4.0)
     expert_placement: Literal["contiguous", "balanced"] = "contiguous"
+    # Extra expert slots per EP rank, each holding a copy of a hot expert that splits its tokens with the
+    # original (balanced placement only; costmodel/routing.py): memory for a lower imbalance.
+    moe_expert_replicas: int = Field(default=0, ge=0, le=256)
     # Expert-parallel dispatch across nodes: "hierarchical" sends a token once per destination node and
     # fans it out inside the node (DeepEP's normal kernels, Huawei's hierarchical all-to-all on Atlas
     # 800T A2); "flat" sends one copy per destination expert rank (Megatron's alltoall dispatcher).
@@ -235,6 +238,17 @@ class TrainingConfig(BaseModel):
     def _skew_alone(cls, v: float | None, info: ValidationInfo) -> float | None:
         if v is not None:
             _one_routing_statement("moe_expert_skew", info)
+        return v
+
+    @field_validator("moe_expert_replicas")
+    @classmethod
+    def _replicas_need_a_balanced_routing(cls, v: int, info: ValidationInfo) -> int:
+        if v and info.data.get("expert_placement") != "balanced":
+            raise ValueError("replicas of hot experts need expert_placement=balanced (contiguous places each "
+                             "expert once)")
+        if v and info.data.get("moe_expert_load") is None and info.data.get("moe_expert_skew") is None:
+            raise ValueError("replicas copy the hottest experts: give the routing (moe_expert_load or "
+                             "moe_expert_skew) that says which")
         return v
 
     @field_validator("recompute_modules")

@@ -85,6 +85,7 @@ FIELDS = {
     "moe_expert_load": "no flag: a modelling input (the router's per-expert shares, costmodel/routing.py)",
     "moe_expert_skew": "no flag: a modelling input (the router's skew, costmodel/routing.py)",
     "expert_placement": "express: contiguous is both frameworks' own; balanced is refused (no placement flag)",
+    "moe_expert_replicas": "express: refused above 0 (neither framework replicates experts in training)",
     "moe_a2a_algorithm": "_moe", "cp_comm_type": "_context_parallel", "main_grads_dtype": "_optimizer_dtypes",
     "main_params_dtype": "_optimizer_dtypes", "exp_avg_dtype": "_optimizer_dtypes",
     "exp_avg_sq_dtype": "_optimizer_dtypes", "data_parallel_sharding_strategy": "_sharding",
@@ -210,6 +211,11 @@ def express(config: TrainingConfig, spec: ModelSpec, framework: str,
         # MindSpeed-LLM has a flag that permutes experts over ranks at launch.
         out.refusals.append(Refusal("expert_placement", "balanced", "no launch flag places experts by load "
                                                                     "(both frameworks place them contiguously)"))
+    if config.moe_expert_replicas:
+        # Megatron-Core's and MindSpeed-LLM's expert layers hold E / ep experts per rank, each once;
+        # replicated experts (DeepSeek's EPLB) exist in inference engines only.
+        out.refusals.append(Refusal("moe_expert_replicas", str(config.moe_expert_replicas),
+                                    "no launch flag replicates experts in training (each rank holds E / ep)"))
     out.add("precision", _fp8(config, ms))
     return out
 

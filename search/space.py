@@ -420,7 +420,8 @@ class SearchSpace:
             moe_load_imbalance=self._imbalance_column(par["ep"]), layouts=self.layouts,
             moe_a2a_hierarchical=np.asarray(par["moe_a2a_hierarchical"], dtype=bool),
             cp_comm=np.asarray(par["cp_comm"], dtype=np.int64), schedule=np.asarray(par["schedule"], dtype=np.int64),
-            offload_modules=o["offload_modules"], **self._constant_columns(n))
+            offload_modules=o["offload_modules"], moe_expert_replicas=const(self.routing.get("moe_expert_replicas", 0)),
+            **self._constant_columns(n))
 
     def _imbalance_column(self, ep: np.ndarray) -> np.ndarray:
         """max/mean tokens per EP rank of each config: the search's constant, or its routing's at that ep."""
@@ -776,7 +777,7 @@ def _no_config_error(devices: int, global_batch_size: int, node_size: int) -> Sp
 # Config fields the search does not vary: one value for the whole search (pinned, or the framework's).
 # The router's distribution and the experts' placement (costmodel/routing.py): pinned inputs, one for the
 # whole search; the imbalance they give depends on each config's ep.
-ROUTING_FIELDS = ("moe_expert_load", "moe_expert_skew", "expert_placement")
+ROUTING_FIELDS = ("moe_expert_load", "moe_expert_skew", "expert_placement", "moe_expert_replicas")
 CONSTANT_FIELDS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
                    "data_parallel_sharding_strategy")
 
@@ -814,7 +815,7 @@ def _routing_imbalance(spec: ModelSpec, fixed: dict, eps: list[int], moe_load_im
     if (problem := routing.routing_problem(spec, cfg)) is not None:
         raise SpaceError(f"fix.{problem[0]}", problem[1])
     shares = routing.expert_shares(spec, cfg)
-    return pinned, {e: routing.rank_imbalance(shares, e, cfg.expert_placement)
+    return pinned, {e: routing.rank_imbalance(shares, e, cfg.expert_placement, cfg.moe_expert_replicas)
                     for e in eps if spec.num_experts % e == 0}
 
 

@@ -64,6 +64,8 @@ ALTERNATIVES = {"tp": [1], "pp": [1], "vpp": [2], "cp": [1], "ep": [1], "etp": [
 # The field needs this around it to matter.
 CONTEXT = {"recompute_modules": {"recompute": "selective"}, "recompute_num_layers": {"recompute": "full"}}
 NO_FLAG = {"dp", "moe_load_imbalance", "moe_expert_load", "moe_expert_skew"}  # FIELDS says why
+# Fields valid only beside a value that is refused itself: test_expert_replicas_are_refused checks them.
+REFUSED_CONTEXT = {"moe_expert_replicas"}
 SAME_AS_DEFAULT = {("sequence_parallel", True), ("data_parallel_sharding_strategy", "optim"),
                    ("pipeline_schedule", "1f1b")}
 
@@ -84,7 +86,7 @@ def _values(name: str) -> list:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-@pytest.mark.parametrize("name", sorted(set(TrainingConfig.model_fields) - NO_FLAG))
+@pytest.mark.parametrize("name", sorted(set(TrainingConfig.model_fields) - NO_FLAG - REFUSED_CONTEXT))
 def test_a_non_default_value_changes_the_flags_or_is_refused(mla, framework, name):
     """Nothing is dropped silently: every non-default value of every field shows in the arguments, or the
     export refuses naming it."""
@@ -102,6 +104,13 @@ def test_a_non_default_value_changes_the_flags_or_is_refused(mla, framework, nam
         if stage_tokens(cfg, mla) == stage_tokens(base, mla) and name in SPLIT_FIELDS and framework == "mindspeed":
             continue  # the same layers on every stage: the same plan (no-op padding states the split itself)
         assert after != before, f"{framework}: {name}={value} changes nothing in the arguments"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_expert_replicas_are_refused_naming_the_field(mla, framework):
+    routed = {**BASE, "moe_expert_skew": 0.5, "expert_placement": "balanced"}
+    assert _fields(routed, mla, framework) == {"expert_placement"}
+    assert _fields({**routed, "moe_expert_replicas": 1}, mla, framework) == {"expert_placement", "moe_expert_replicas"}
 
 
 def test_modelling_inputs_need_no_flag(mla):

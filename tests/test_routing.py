@@ -14,7 +14,7 @@ import model_presets
 from app.service.core.config import Settings
 from app.service.main import create_app
 from costmodel import TrainingConfig, evaluate
-from costmodel.routing import expert_shares, placement, rank_imbalance
+from costmodel.routing import copies, expert_shares, placement, rank_imbalance
 
 ROOT = Path(__file__).resolve().parents[1]
 SKEWED = json.loads((ROOT / "examples" / "pangu-ultra-moe-6144-skewed.json").read_text())
@@ -181,3 +181,48 @@ def test_api_job_with_bad_routing_is_a_422_naming_the_field(tmp_path):
         assert r.json()["detail"][0]["loc"] == ["body", "search", "fixed", "expert_placement"]
         job["search"]["fixed"] = {"moe_expert_skew": 0.5}
         assert client.post("/v1/jobs", json=job).status_code == 202  # accepted: the worker ranks with it
+
+
+# ---- replicas of hot experts -------------------------------------------------------------------------
+def test_hand_worked_replicas():
+    """Loads 8,1,1,1,1,1,1,1 on 2 EP ranks. Balanced, no copies: 8 -> r0, four 1s fill r1 (4 slots),
+    three more on r0: 11 and 4 of a mean 7.5, max/mean 11/7.5. One extra slot per rank (2 copies in all):
+    expert 0 gets a second copy (4 tokens each), then expert 1 (8 / 2 = 4 is capped at ep = 2 copies):
+    slots 4,4,1,1,1,1,1,1,0.5,0.5 packed greedily give 7.5 and 7.5."""
+    shares = np.array([8, 1, 1, 1, 1, 1, 1, 1]) / 15
+    assert copies(shares, 2, 1).tolist() == [2, 2, 1, 1, 1, 1, 1, 1]
+    assert rank_imbalance(shares, 2, "balanced") == pytest.approx(11 / 7.5)
+    assert rank_imbalance(shares, 2, "balanced", replicas=1) == pytest.approx(1.0)
+    assert rank_imbalance(shares, 2, "contiguous", replicas=1) == rank_imbalance(shares, 2, "contiguous")
+    assert copies(shares, 2, 8).max() == 2  # never more copies of an expert than ranks
+
+
+def test_replicas_cost_one_expert_of_memory_per_slot_and_pay_for_themselves_on_pangu():
+    spec = model_presets.load("pangu-ultra-moe-718b")
+    balanced = _score({**SKEWED, "expert_placement": "balanced"})
+    replicated = _score({**SKEWED, "expert_placement": "balanced", "moe_expert_replicas": 1})
+    assert replicated["moe_routing"]["imbalance"] < balanced["moe_routing"]["imbalance"]
+    assert replicated["step_time_s"] < balanced["step_time_s"]
+    # the weights of one more expert per MoE block of the (one) stage, in bf16 (etp 1), on every rank: the
+    # five MoE layers and the MTP layer, whose block is an MoE block too (DeepSeek-V3 §2.2)
+    tiny = model_presets.load("tiny-moe")
+    profile = hardware_profiles.load("nvidia-h100-80gb")
+    cfg = {"global_batch_size": 64, "ep": 2, "moe_expert_load": [8, 1, 1, 1, 1, 1, 1, 1], "expert_placement": "balanced"}
+    p0, p1 = (evaluate(tiny, profile, 8, TrainingConfig.model_validate({**cfg, "moe_expert_replicas": r}))
+              for r in (0, 1))
+    expert_bytes = 3 * tiny.hidden_size * tiny.expert_ffn * 2 * (sum(tiny.moe_layer_pattern())
+                                                                      + tiny.mtp_num_layers)  # SwiGLU: 3 matrices
+    assert (p1["memory"]["params_gib"] - p0["memory"]["params_gib"]) * 2**30 == pytest.approx(expert_bytes, rel=1e-9)
+    assert p1["moe_routing"]["tokens_per_rank_balanced"] == pytest.approx([1.0, 1.0])
+    assert p1["time"]["dp_comm_exposed_s"] >= p0["time"]["dp_comm_exposed_s"]  # the copies' gradients are summed
+    assert spec.num_experts == 256
+
+
+@pytest.mark.parametrize("cfg,why", [
+    ({"moe_expert_replicas": 1, "moe_expert_skew": 0.5}, "expert_placement=balanced"),
+    ({"moe_expert_replicas": 1, "expert_placement": "balanced"}, "give the routing"),
+    ({"moe_expert_replicas": -1}, "greater than or equal"),
+])
+def test_bad_replicas_exit_2_naming_the_field(cfg, why):
+    proc = run(*EVAL, "--config", json.dumps({"global_batch_size": 16, "ep": 2, **cfg}))
+    assert proc.returncode == 2 and "config.moe_expert_replicas" in proc.stderr and why in proc.stderr, proc.stderr

@@ -263,7 +263,10 @@ def routing_figure(entry: dict) -> dict | None:
     r = entry["evaluation"].get("moe_routing") or {}
     if not r.get("tokens_per_rank_contiguous"):
         return None
-    data = [{"type": "bar", "name": f"{how} (max/mean {_fmt(r.get(f'imbalance_{how}'), '.2f')})",
+    copies = r.get("moe_expert_replicas") or 0
+    label = {"contiguous": "contiguous",
+             "balanced": f"balanced + {copies} hot-expert cop{'y' if copies == 1 else 'ies'} per rank" if copies else "balanced"}
+    data = [{"type": "bar", "name": f"{label[how]} (max/mean {_fmt(r.get(f'imbalance_{how}'), '.2f')})",
              "x": list(range(len(r[f"tokens_per_rank_{how}"]))), "y": r[f"tokens_per_rank_{how}"],
              "marker": {"color": colour},
              "hovertemplate": f"{how}: EP rank %{{x}}: %{{y:.2f}} × mean<extra></extra>"}
