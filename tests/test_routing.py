@@ -226,3 +226,29 @@ def test_replicas_cost_one_expert_of_memory_per_slot_and_pay_for_themselves_on_p
 def test_bad_replicas_exit_2_naming_the_field(cfg, why):
     proc = run(*EVAL, "--config", json.dumps({"global_batch_size": 16, "ep": 2, **cfg}))
     assert proc.returncode == 2 and "config.moe_expert_replicas" in proc.stderr and why in proc.stderr, proc.stderr
+
+
+def test_pangu_skewed_imbalance_by_an_independent_hand_computation():
+    """The example's numbers recomputed here without costmodel.routing: Zipf-0.5 shares of Pangu's 256
+    experts, heat ranks spread by numpy's default_rng(0) permutation (the documented skew model), 8 experts
+    per rank over EP 32. Contiguous: the sum of each block of 8 ids. Balanced: longest processing time
+    with a heap of (load, rank) and 8 slots per rank."""
+    import heapq
+
+    heat = (np.arange(256) + 1.0) ** -0.5
+    shares = np.empty(256)
+    shares[np.random.default_rng(0).permutation(256)] = heat / heat.sum()
+    contiguous = shares.reshape(32, 8).sum(axis=1)
+    heap, loads, slots = [(0.0, r) for r in range(32)], np.zeros(32), np.zeros(32, dtype=int)
+    for share in sorted(shares, reverse=True):
+        load, r = heapq.heappop(heap)
+        loads[r], slots[r] = load + share, slots[r] + 1
+        if slots[r] < 8:
+            heapq.heappush(heap, (loads[r], r))
+    mean = 1 / 32
+    c, b = _score(SKEWED), _score({**SKEWED, "expert_placement": "balanced"})
+    assert c["moe_routing"]["imbalance"] == pytest.approx(contiguous.max() / mean, rel=1e-9)
+    assert b["moe_routing"]["imbalance"] == pytest.approx(loads.max() / mean, rel=1e-9)
+    assert c["moe_routing"]["imbalance"] == pytest.approx(2.56, abs=0.005)  # the README's figures
+    assert b["moe_routing"]["imbalance"] == pytest.approx(1.51, abs=0.005)
+    assert b["step_time_s"] < c["step_time_s"]
