@@ -16,11 +16,18 @@ from costmodel import ClusterProfile, ModelSpec, TrainingConfig, evaluate_many
 from .exhaustive import ProgressFn, Ranked, run_exhaustive
 from .margin import DEFAULT_MEMORY_MARGIN_GIB, margin_fields
 from .samplers import SAMPLERS, run_sampler
-from .space import build_space
+from .space import SearchSpace, build_space
 
 ENGINES = ("auto", "exhaustive") + SAMPLERS
 # ``auto`` enumerates spaces up to this many configs (a few seconds on one core), else runs TPE.
 AUTO_EXHAUSTIVE_MAX = 20_000_000
+
+
+def auto_engine(space: SearchSpace) -> str:
+    """What sampler ``auto`` runs: ``exhaustive`` where the configs it must score (those without offload,
+    ``SearchSpace.plain_size``; an offload plan is scored only where its counterpart does not fit) number
+    at most ``AUTO_EXHAUSTIVE_MAX``, else ``tpe``."""
+    return "exhaustive" if space.plain_size <= AUTO_EXHAUSTIVE_MAX else "tpe"
 DEFAULT_TRIALS = 500
 DEFAULT_TOP_K = 10
 
@@ -82,7 +89,7 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None,
     size = space.size
     engine = req.sampler
     if engine == "auto":
-        engine = "exhaustive" if size <= AUTO_EXHAUSTIVE_MAX else "tpe"
+        engine = auto_engine(space)
     if engine == "exhaustive":
         ranked: Ranked = run_exhaustive(space, req.top_k, progress, margin_gib=req.memory_margin_gib)
     else:

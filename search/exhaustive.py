@@ -88,20 +88,10 @@ class _Kept:
         return cls(np.zeros(0, bool), np.zeros(0), np.zeros(0, bool), np.zeros(0),
                    *(np.zeros(0, np.int64) for _ in range(4)))
 
-    def merge(self, other: "_Kept", k: int, counterpart: np.ndarray) -> "_Kept":
+    def merge(self, other: "_Kept", k: int) -> "_Kept":
         """Both sets, ranked, cut to what can still matter (``layout_cut``): a config dropped here ranks
-        behind k layouts' best configs already, and later chunks only add better ones.
-
-        An offload plan whose counterpart without offload (``counterpart``: per option index) keeps the
-        margin is dropped too: it can only rank right behind it, at equal or lower throughput, and the
-        samplers never score it (``scored_groups``), so both engines rank the same configs. Its counterpart
-        ranks ahead of it, so it is in the merged set whenever the plan is."""
+        behind k layouts' best configs already, and later chunks only add better ones."""
         cols = {f.name: np.concatenate([getattr(self, f.name), getattr(other, f.name)]) for f in fields(self)}
-        n_opts = len(counterpart)
-        good = (cols["rows"] * n_opts + cols["opts"])[~cols["short"]]
-        base = counterpart[cols["opts"]]  # itself where every plan of the search offloads (a pinned offload)
-        redundant = (base != cols["opts"]) & np.isin(cols["rows"] * n_opts + base, good)
-        cols = {name: col[~redundant] for name, col in cols.items()}
         order = _rank_order(cols["tokens"], cols["peak"], cols["index"], cols["short"], cols["offloads"])
         order = order[:layout_cut(cols["layout"][order], k)]
         return _Kept(**{name: col[order] for name, col in cols.items()})
@@ -116,38 +106,75 @@ def _layout_codes(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
 
 def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None = None,
                    batch_size: int = 200_000, margin_gib: float = 0.0) -> Ranked:
-    """Score the whole space; rank configs that keep ``margin_gib`` of headroom (GiB) first."""
+    """Score the whole space; rank configs that keep ``margin_gib`` of headroom (GiB) first.
+
+    Two passes: every config whose option offloads nothing (or is its own counterpart, where offload is
+    pinned), then each offload plan whose counterpart without offload (``SearchSpace.offload_counterpart``:
+    same layout, micro-batch and other options) does not fit or keep the margin. Elsewhere an offload plan
+    can only repeat its counterpart, slower or as fast, and ranks after it: it is decided unscored, as
+    the samplers decide it (``scored_groups``), so both engines rank the same configs. ``trials`` counts
+    every config of the space (scored or so decided); ``feasible_trials`` and each layout's ``variants``
+    the feasible configs scored."""
     total = space.size
-    shapes, layout_of_row = _layout_codes(space)
-    variants = np.zeros(len(shapes), dtype=np.int64)
-    kept = _Kept.empty()
-    counterpart = np.asarray(space.offload_counterpart, dtype=np.int64)
-    feasible = 0
-    min_peak, min_at = np.inf, None
-    done = 0
-    for rows, opts, batch in space.batches(batch_size):
-        br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
-        feasible += int(br.feasible.sum())
-        if br.valid.any():
-            peaks = np.where(br.valid, br.peak_bytes, np.inf)
-            j = int(np.argmin(peaks))
-            if peaks[j] < min_peak:
-                min_peak, min_at = float(peaks[j]), (int(rows[j]), int(opts[j]))
-        ok = np.nonzero(br.feasible)[0]
-        if len(ok):
-            lay = layout_of_row[rows[ok]]
-            variants += np.bincount(lay, minlength=len(shapes))
+    mask = space._option_mask()
+    base = np.asarray(space.offload_counterpart, dtype=np.int64)
+    plain = base == np.arange(len(base))
+    run = _Run(space, top_k, margin_gib, progress, total)
+    keeps = np.zeros(mask.shape, dtype=bool)  # (row, option) scored, fits and keeps the margin
+    for rows, opts, br, ok, room in run.score(mask & plain[None, :], batch_size):
+        keeps[rows[ok[room >= margin_gib]], opts[ok[room >= margin_gib]]] = True
+    second = mask & ~plain[None, :] & ~keeps[:, base]
+    run.skipped = int(mask.sum()) - run.done - int(second.sum())
+    for _ in run.score(second, batch_size):
+        pass
+    return run.ranked()
+
+
+class _Run:
+    """One exhaustive pass over chosen (row, option) pairs: the kept best, the counts, the progress."""
+
+    def __init__(self, space: SearchSpace, top_k: int, margin_gib: float, progress: ProgressFn | None, total: int):
+        self.space, self.top_k, self.margin_gib, self.progress, self.total = space, top_k, margin_gib, progress, total
+        self.shapes, self.layout_of_row = _layout_codes(space)
+        self.variants = np.zeros(len(self.shapes), dtype=np.int64)
+        self.kept = _Kept.empty()
+        self.feasible, self.done, self.skipped = 0, 0, 0
+        self.min_peak, self.min_at = np.inf, None
+
+    def score(self, mask: np.ndarray, batch_size: int):
+        """Score the pairs of ``mask`` in chunks, keeping the best; yields each chunk's (rows, options,
+        result, feasible positions, their headroom in GiB)."""
+        space = self.space
+        for rows, opts, batch in space.batches(batch_size, mask):
+            br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
+            self.feasible += int(br.feasible.sum())
+            if br.valid.any():
+                peaks = np.where(br.valid, br.peak_bytes, np.inf)
+                j = int(np.argmin(peaks))
+                if peaks[j] < self.min_peak:
+                    self.min_peak, self.min_at = float(peaks[j]), (int(rows[j]), int(opts[j]))
+            ok = np.nonzero(br.feasible)[0]
             room = (br.capacity_bytes - br.peak_bytes[ok]) / GIB  # as the result's memory.headroom_gib
-            kept = kept.merge(_Kept(room < margin_gib, br.tokens_per_s[ok], batch.offload_modules[ok] != 0,
-                                    br.peak_bytes[ok], done + ok, rows[ok], opts[ok], lay), top_k, counterpart)
-        done += len(rows)
-        if progress:
-            progress(done, total)
-    configs = [space.config(int(r), int(o)) for r, o in zip(kept.rows[:top_k], kept.opts[:top_k])]
-    layouts = [{"layout": dict(zip(LAYOUT_FIELDS, map(int, shapes[kept.layout[p]]))), "best_rank": int(p) + 1,
-                "config": space.config(int(kept.rows[p]), int(kept.opts[p])),
-                "variants": int(variants[kept.layout[p]])} for p in layout_firsts(kept.layout, top_k)]
-    return Ranked(configs=configs, trials=total, feasible_trials=feasible,
-                  smallest_peak_gib=None if min_at is None else min_peak / 2**30,
-                  smallest_peak_config=None if min_at is None else space.config(*min_at),
-                  layouts=layouts, feasible_layouts=int((variants > 0).sum()))
+            if len(ok):
+                lay = self.layout_of_row[rows[ok]]
+                self.variants += np.bincount(lay, minlength=len(self.shapes))
+                self.kept = self.kept.merge(_Kept(room < self.margin_gib, br.tokens_per_s[ok],
+                                                  batch.offload_modules[ok] != 0, br.peak_bytes[ok], self.done + ok,
+                                                  rows[ok], opts[ok], lay), self.top_k)
+            self.done += len(rows)
+            if self.progress:
+                self.progress(self.done + self.skipped, self.total)
+            yield rows, opts, br, ok, room
+
+    def ranked(self) -> Ranked:
+        space, kept, k = self.space, self.kept, self.top_k
+        if self.progress:
+            self.progress(self.total, self.total)
+        configs = [space.config(int(r), int(o)) for r, o in zip(kept.rows[:k], kept.opts[:k])]
+        layouts = [{"layout": dict(zip(LAYOUT_FIELDS, map(int, self.shapes[kept.layout[p]]))), "best_rank": int(p) + 1,
+                    "config": space.config(int(kept.rows[p]), int(kept.opts[p])),
+                    "variants": int(self.variants[kept.layout[p]])} for p in layout_firsts(kept.layout, k)]
+        return Ranked(configs=configs, trials=self.total, feasible_trials=self.feasible,
+                      smallest_peak_gib=None if self.min_at is None else self.min_peak / 2**30,
+                      smallest_peak_config=None if self.min_at is None else space.config(*self.min_at),
+                      layouts=layouts, feasible_layouts=int((self.variants > 0).sum()))

@@ -385,9 +385,18 @@ class SearchSpace:
     def size(self) -> int:
         return int(self._option_mask().sum())
 
-    def batches(self, batch_size: int = 200_000) -> Iterator[tuple[np.ndarray, np.ndarray, ConfigBatch]]:
-        """Every valid config, in chunks of about ``batch_size``: (layout rows, option indices, batch)."""
-        mask = self._option_mask()
+    @property
+    def plain_size(self) -> int:
+        """Configs whose option offloads nothing or is its own counterpart (``offload_counterpart``): what
+        an exhaustive search scores at least (and at most that plus the offload plans it needs)."""
+        base = np.asarray(self.offload_counterpart)
+        return int(self._option_mask()[:, base == np.arange(len(base))].sum())
+
+    def batches(self, batch_size: int = 200_000,
+                mask: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, ConfigBatch]]:
+        """Every valid config (or those of ``mask``, a part of ``_option_mask()``), in chunks of about
+        ``batch_size``: (layout rows, option indices, batch)."""
+        mask = self._option_mask() if mask is None else mask
         rows, opts = np.nonzero(mask)  # row-major: each layout with its allowed options
         for start in range(0, len(rows), batch_size):
             r, o = rows[start:start + batch_size], opts[start:start + batch_size]

@@ -152,7 +152,15 @@ def test_exhaustive_finds_the_best_of_an_independent_scoring():
     br = evaluate_batch(spec, profile, 8, ConfigBatch.from_configs(configs))
     best = np.max(np.where(br.feasible, br.tokens_per_s, -np.inf))
     assert res["best"]["evaluation"]["tokens_per_s"] == pytest.approx(best, rel=1e-12)
-    assert res["trials"] == space.size and res["feasible_trials"] == int(br.feasible.sum())
+    # every config is covered; an offload plan is scored only where its counterpart without offload does
+    # not keep the margin (elsewhere it repeats it, slower or as fast): the feasible configs scored
+    base = np.asarray(space.offload_counterpart)[opts]
+    at = {(int(r), int(o)): i for i, (r, o) in enumerate(zip(rows, opts))}
+    margin = SearchRequest(spec=spec, profile=profile, devices=8, global_batch_size=32).memory_margin_gib
+    keeps = br.feasible & ((br.capacity_bytes - br.peak_bytes) / 2**30 >= margin)
+    scored = [base[i] == opts[i] or not keeps[at[(int(rows[i]), int(base[i]))]] for i in range(len(rows))]
+    assert sum(base != opts) > 0 and not all(scored)  # the space has offload plans, and some are not scored
+    assert res["trials"] == space.size and res["feasible_trials"] == int((br.feasible & np.array(scored)).sum())
 
 
 def test_ranked_top_is_unique_feasible_and_sorted():

@@ -21,7 +21,8 @@ from app.service.core.config import Settings
 from app.service.db.models import FINISHED, Job, JobConfig, JobLease, utcnow
 from app.service.schemas.jobs import JobCreate
 from costmodel.result import PARAPLAN_VERSION
-from search import AUTO_EXHAUSTIVE_MAX, SpaceError, build_space, validate_fixed
+from search import SpaceError, build_space, validate_fixed
+from search.engine import auto_engine
 from search.frameworks import default_framework
 from search.margin import margin_fields, margin_problem
 
@@ -100,7 +101,7 @@ def prepare(body: JobCreate, settings: Settings) -> dict:
         raise _space_error(exc) from None
     engine = s.sampler
     if engine == "auto":
-        engine = "exhaustive" if space.size <= AUTO_EXHAUSTIVE_MAX else "tpe"
+        engine = auto_engine(space)
     if engine == "exhaustive" and s.parallel_workers > 1 and s.sampler == "exhaustive":
         raise invalid(["body", "search", "parallel_workers"], "an exhaustive search runs on one worker (it scores "
                                                              "every config in seconds); parallel_workers is for the "
