@@ -363,8 +363,8 @@ def test_report_shows_memory_per_stage_with_and_without_offload(routed_result, r
     assert names.index("#1 without offload") == len(names) - 2  # drawn just under the best
     note = re.search(r'<span class="offload-note" id="offload-note">(.*?)</span>', page).group(1)
     assert note.startswith("Offloads core_attn to host memory: peak "
-                           f"{max(mem['per_stage_peak_gib']):.1f} GiB against "
-                           f"{max(mem['per_stage_peak_without_offload_gib']):.1f} GiB without offload")
+                           f"{max(mem['per_stage_peak_gib']):.2f} GiB against "
+                           f"{max(mem['per_stage_peak_without_offload_gib']):.2f} GiB without offload")
     assert f"{best['evaluation']['time']['offload_s']:.3f} s per step" in note
     plain = render_report(results["tpe"])  # nothing offloaded: no dashed trace, no note
     assert "without offload" not in json.dumps(_figures(plain)) and "offload-note" not in plain
