@@ -106,10 +106,23 @@ def _tp_comm_s(spec: ModelSpec, hw: Hardware, tp, tokens, ep=1) -> np.ndarray:
     in bf16, over the instance's tp ranks (adjacent: stride 1). With expert parallelism (ep > 1) the
     MoE layers' MLP all-reduce gives way to ``_ep_comm_s``."""
     nbytes = BF16_BYTES * spec.hidden_size * np.asarray(tokens, dtype=np.float64)
-    per = comm.all_reduce_s(nbytes, 1, np.asarray(tp), hw)
+    per = small_all_reduce_s(nbytes, np.asarray(tp), hw)
     _, n_moe = _layer_counts(spec)
     per_layer = np.where(np.asarray(ep) > 1, 2 * spec.num_layers - n_moe, 2 * spec.num_layers)
     return per_layer * np.where(np.asarray(tp) > 1, per, 0.0) + _ep_comm_s(spec, hw, ep, tokens)
+
+
+def small_all_reduce_s(nbytes, size, hw: Hardware) -> np.ndarray:
+    """All-reduce of an engine's activations over ``size`` adjacent ranks: a ring's bandwidth term
+    (2(n−1)/n of the buffer) with a tree's latency, 2·ceil(log2 n) steps. Decode buffers are a few
+    hundred KiB, where NCCL picks its tree / low-latency protocols and vLLM its one-shot custom
+    all-reduce inside a node (vllm/distributed/device_communicators/custom_all_reduce.py) rather than
+    the 2(n−1) steps of a ring (``comm.all_reduce_s``, the training collectives' model)."""
+    size = np.asarray(size)
+    bw, lat = comm.group_bus_bandwidth(1, size, hw)
+    n = np.maximum(size, 1)
+    steps = 2 * np.ceil(np.log2(n))
+    return np.where(size > 1, 2.0 * (n - 1) / n * nbytes / bw + steps * lat, 0.0)
 
 
 def _ep_comm_s(spec: ModelSpec, hw: Hardware, ep, tokens) -> np.ndarray:

@@ -52,13 +52,13 @@ class RLRequest:
 
 
 def rollout_configs(spec: ModelSpec, hw: Hardware, devices: int, colocated: bool) -> tuple[np.ndarray, ...]:
-    """Engine instances a pool of ``devices`` can run: tp a power of two inside the scale-up domain that
-    divides the pool and the attention heads; ep = 1, or ep = tp for a MoE model whose experts divide by
+    """Engine instances a pool of ``devices`` can run: tp a power of two inside the scale-up domain and
+    the pool that divides the attention heads (dp = devices // tp instances; devices left over idle); ep = 1, or ep = tp for a MoE model whose experts divide by
     tp; co-located, each with and without the trainer's states offloaded. Arrays (tp, ep, offload)."""
     rows = []
     tp = 1
     while tp <= min(devices, hw.scale_up_domain):
-        if devices % tp == 0 and spec.num_attention_heads % tp == 0:
+        if spec.num_attention_heads % tp == 0:
             eps = [1] + ([tp] if spec.is_moe and tp > 1 and spec.num_experts % tp == 0 else [])
             for ep in eps:
                 for off in ((False, True) if colocated else (False,)):
@@ -66,6 +66,27 @@ def rollout_configs(spec: ModelSpec, hw: Hardware, devices: int, colocated: bool
         tp *= 2
     tp_, ep_, off_ = (np.array(c) for c in zip(*rows)) if rows else (np.array([], int),) * 3
     return tp_, ep_, off_.astype(bool)
+
+
+def evaluate_plan(req: RLRequest, mode: str, config: dict, tp: int, ep: int = 1, offload: bool = False,
+                  rollout_devices: int | None = None) -> dict:
+    """One given RL plan scored (no search): ``config`` the training config (on all devices co-located,
+    on the ``devices − rollout_devices`` others disaggregated), one rollout engine config."""
+    from costmodel import TrainingConfig, evaluate
+
+    hw = Hardware.from_profile(req.profile)
+    train_devices = req.devices if mode == "colocated" else req.devices - rollout_devices
+    rollout_devices = req.devices if mode == "colocated" else rollout_devices
+    cfg = TrainingConfig.model_validate({**config, "global_batch_size": req.workload.samples})
+    ev = evaluate(req.training_spec, req.profile, train_devices, cfg)
+    cand = {"config": cfg.model_dump(mode="json", exclude_none=True), "evaluation": ev}
+    tp_, ep_, off_ = np.array([tp]), np.array([ep]), np.array([offload])
+    if mode == "colocated":
+        scored = rl.colocated_step(req.spec, hw, req.devices, ev, req.workload, tp_, ep_, off_)
+    else:
+        scored = rl.disaggregated_step(req.spec, hw, rollout_devices, train_devices, ev, req.workload, tp_, ep_)
+    return rl.plan_dict(scored, 0, hw, mode=mode, tp=tp_, ep=ep_, offload=off_, rollout_devices=rollout_devices,
+                        train_devices=train_devices, training=cand)
 
 
 def training_candidates(req: RLRequest, devices: int) -> list[dict]:

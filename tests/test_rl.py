@@ -37,8 +37,8 @@ def test_mla_decode_step_hand_worked(preset, hw):
     kv = 61 * (512 + 64) * 2  # MLA latent + RoPE key, whole on every rank
     read = read_w + 4096 * kv
     # two all-reduces per layer of 1 token · 7168 · 2 B over 8 ranks inside the 8-device domain:
-    # ring 2·7/8 of the buffer at 400 GB/s · 0.75, 2·7 steps of 5 us
-    ar = 2 * (7 / 8 * 7168 * 2 / (400e9 * 0.75) + 7 * 5e-6)
+    # 2·7/8 of the buffer at 400 GB/s · 0.75, a tree's 2·log2(8) = 6 steps of 5 us
+    ar = 2 * 7 / 8 * 7168 * 2 / (400e9 * 0.75) + 6 * 5e-6
     expected = read / (2000e9 * 0.8) + 61 * 50e-6 + 2 * 61 * ar
     assert inference.decode_step_s(spec, hw, 8, 1, 4096) == pytest.approx(expected, rel=1e-9)
 
@@ -46,7 +46,7 @@ def test_mla_decode_step_hand_worked(preset, hw):
 def test_expert_parallel_decode_swaps_the_moe_all_reduce_for_all_to_alls(preset, hw):
     spec = preset("deepseek-v3-671b")
     tokens = 64
-    ar = comm.all_reduce_s(2.0 * 7168 * tokens, 1, np.array(8), hw)
+    ar = inference.small_all_reduce_s(2.0 * 7168 * tokens, np.array(8), hw)
     # each rank dispatches its 64/8 tokens as 8 top-k copies of 7168 bf16 values, and combines them back
     a2a = comm.all_to_all_s(2.0 * 7168 * 8 * tokens / 8, 1, np.array(8), hw)
     tp_only = inference._tp_comm_s(spec, hw, 8, tokens, 1)
