@@ -52,6 +52,11 @@ class Workload:
     reference: bool = True
     critic: bool = False
     stale_sync: bool = False
+    max_response_length: int | None = None  # the longest response (None: every response is response_length)
+
+    @property
+    def longest(self) -> int:
+        return self.max_response_length or self.response_length
 
     @property
     def samples(self) -> int:
@@ -92,7 +97,7 @@ def decode_s(spec: ModelSpec, hw: Hardware, tp, ep, batch, prompt_len: int, resp
 def rollout_batch(spec: ModelSpec, hw: Hardware, tp, wl: Workload, reserved_bytes=0.0) -> np.ndarray:
     """Sequences one instance keeps in flight: the KV cache of full-length samples (prompt + response)
     in the memory left after the weights, the overhead and ``reserved_bytes`` per device."""
-    return inference.max_decode_batch(spec, hw, tp, wl.seq_length, MEMORY_FRACTION, reserved_bytes)
+    return inference.max_decode_batch(spec, hw, tp, wl.prompt_length + wl.longest, MEMORY_FRACTION, reserved_bytes)
 
 
 def generation(spec: ModelSpec, hw: Hardware, tp, ep, instances, wl: Workload, reserved_bytes=0.0) -> dict:
@@ -108,8 +113,16 @@ def generation(spec: ModelSpec, hw: Hardware, tp, ep, instances, wl: Workload, r
     # the last wave carries the remainder; price every wave at the full batch (an upper bound within
     # one wave's difference) so that waves × per-wave time stays simple
     prefill = waves * inference.prefill_s(spec, hw, tp, safe, wl.prompt_length, ep)
-    decode = waves * decode_s(spec, hw, tp, ep, safe, wl.prompt_length, wl.response_length)
-    kv = batch * wl.seq_length * inference.kv_bytes_per_token(spec, tp)
+    if wl.stale_sync:
+        # asynchronous rollout keeps its engines full with the next step's prompts: continuous batching
+        # over responses of the mean length
+        decode = waves * decode_s(spec, hw, tp, ep, safe, wl.prompt_length, wl.response_length)
+    else:
+        # synchronous: a wave lasts as many steps as its longest response, its batch thinning as the
+        # shorter ones finish (mean live batch = batch · mean / longest)
+        live = safe * wl.response_length / wl.longest
+        decode = waves * decode_s(spec, hw, tp, ep, live, wl.prompt_length, wl.longest)
+    kv = batch * (wl.prompt_length + wl.longest) * inference.kv_bytes_per_token(spec, tp)
     return {"prefill_s": prefill, "decode_s": decode, "max_batch": cap, "batch": batch, "waves": waves,
             "kv_bytes": kv}
 

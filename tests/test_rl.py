@@ -193,6 +193,7 @@ BASE = ("--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices", "16
     (("--responses-per-prompt", "1"), "responses_per_prompt"),
     (("--algorithm", "ppo", "--no-critic"), "critic"),
     (("--prompt-length", "200000000"), "prompt_length"),
+    (("--response-length", "500", "--max-response-length", "400"), "max_response_length"),
 ])
 def test_bad_rl_inputs_exit_2_naming_the_field(extra, field):
     r = _run(*BASE, *extra)
@@ -209,3 +210,15 @@ def test_rl_json_has_both_modes():
         assert sum(plan["time"].values()) == pytest.approx(plan["step_time_s"], rel=1e-9)
         assert plan["phases_s"]["critic_train_s"] > 0  # ppo trains the critic
         assert plan["trained_tokens_per_s"] == pytest.approx(32 * 512 / plan["step_time_s"], rel=1e-9)
+
+
+def test_synchronous_waves_last_as_long_as_the_longest_response(preset, hw):
+    spec = preset("llama3-70b")
+    inst = (np.array([8]), np.array([1]), np.array([4]))
+    sync = rl.generation(spec, hw, *inst, rl.Workload(16, 4, 512, 1000, max_response_length=2000))
+    stale = rl.generation(spec, hw, *inst, rl.Workload(16, 4, 512, 1000, max_response_length=2000, stale_sync=True))
+    assert sync["batch"][0] == 16
+    # 2,000 steps at a live batch of 16 · 1000 / 2000 = 8; asynchronous: 1,000 steps at 16
+    assert sync["decode_s"][0] == pytest.approx(rl.decode_s(spec, hw, 8, 1, 8, 512, 2000), rel=1e-12)
+    assert stale["decode_s"][0] == pytest.approx(rl.decode_s(spec, hw, 8, 1, 16, 512, 1000), rel=1e-12)
+    assert sync["kv_bytes"][0] == 16 * 2512 * inference.kv_bytes_per_token(spec, 8)

@@ -17,7 +17,8 @@ DEFAULTS = {"algorithm": "grpo", "prompts_per_step": 384, "responses_per_prompt"
 
 def workload(algorithm: str = "grpo", prompts_per_step: int = 384, responses_per_prompt: int = 32,
              prompt_length: int = 1024, response_length: int = 2048, reference: bool | None = None,
-             critic: bool | None = None, stale_sync: bool = False) -> Workload:
+             critic: bool | None = None, stale_sync: bool = False,
+             max_response_length: int | None = None) -> Workload:
     """The workload; ``reference`` / ``critic`` None take the algorithm preset's value."""
     if algorithm not in ALGORITHMS:
         raise InputError("algorithm", f"{algorithm!r} is not one of {', '.join(ALGORITHMS)}")
@@ -29,6 +30,12 @@ def workload(algorithm: str = "grpo", prompts_per_step: int = 384, responses_per
             raise InputError(name, f"{value!r} is not an integer")
         if (problem := int_problem(value, cap)) is not None:
             raise InputError(name, problem)
+    if max_response_length is not None:
+        if (problem := int_problem(max_response_length, MAX_SEQ_LENGTH)) is not None:
+            raise InputError("max_response_length", problem)
+        if max_response_length < response_length:
+            raise InputError("max_response_length", f"{max_response_length} is below the mean response_length "
+                                                    f"({response_length})")
     if prompts_per_step * responses_per_prompt > MAX_GLOBAL_BATCH_SIZE:
         raise InputError("responses_per_prompt", f"{prompts_per_step * responses_per_prompt:,} samples per step is "
                                                  f"beyond any real run (at most {MAX_GLOBAL_BATCH_SIZE:,})")
@@ -45,4 +52,5 @@ def workload(algorithm: str = "grpo", prompts_per_step: int = 384, responses_per
         raise InputError("critic", "PPO needs a critic (its advantage comes from the critic's values); "
                                    "use --algorithm grpo for a critic-free step")
     return Workload(prompts_per_step, responses_per_prompt, prompt_length, response_length, algorithm=algorithm,
-                    reference=reference, critic=critic, stale_sync=stale_sync)
+                    reference=reference, critic=critic, stale_sync=stale_sync,
+                    max_response_length=max_response_length)

@@ -28,12 +28,15 @@ EXIT_NO_FIT = 3
 @click.option("--prompt-length", type=int, default=DEFAULTS["prompt_length"], show_default=True, help="Tokens.")
 @click.option("--response-length", type=int, default=DEFAULTS["response_length"], show_default=True,
               help="Tokens generated per response (the mean, priced as every response's length).")
+@click.option("--max-response-length", type=int, default=None,
+              help="Longest response (tokens; default: every response is --response-length). A synchronous step's "
+                   "waves last this many decode steps.")
 @click.option("--reference/--no-reference", default=None, help="Reference-model log-prob pass (default: the algorithm's).")
 @click.option("--critic/--no-critic", default=None, help="Train a critic (default: the algorithm's).")
 @click.option("--stale-sync", is_flag=True, help="Allow one step of staleness: the two pools of a disaggregated plan overlap.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def rl(model, cluster, devices, algorithm, prompts_per_step, responses_per_prompt, prompt_length, response_length,
-       reference, critic, stale_sync, as_json) -> None:
+       max_response_length, reference, critic, stale_sync, as_json) -> None:
     """Plan RL post-training: rollout + training, co-located (RL Fusion) or on two pools."""
     from app.cli.main import _fail, _print_json, err, out
 
@@ -42,7 +45,7 @@ def rl(model, cluster, devices, algorithm, prompts_per_step, responses_per_promp
             raise InputError(name, problem)
         check_devices(devices)
         wl = workload(algorithm, prompts_per_step, responses_per_prompt, prompt_length, response_length,
-                      reference, critic, stale_sync)
+                      reference, critic, stale_sync, max_response_length)
         spec = load_model(model)
         profile = load_cluster(cluster)
     except InputError as exc:
