@@ -16,6 +16,11 @@ broadcast together; sizes bytes, times seconds.
   all-reduces per layer (row-parallel outputs, Shoeybi et al. 2019; vLLM's FusedMoE reduces the
   experts' outputs with one all-reduce too, with or without expert parallelism inside the instance).
 
+- **Expert parallelism inside the instance** (``ep = tp``, vLLM's ``--enable-expert-parallel``): whole
+  experts on each rank instead of every expert split over tp; the MoE layers' output all-reduce is
+  replaced by a dispatch and a combine all-to-all of each rank's tokens' top-k copies (``_ep_comm_s``);
+  attention and dense layers keep their all-reduces.
+
 Not yet modelled: expert parallelism across instances (DeepEP-style decode), pipeline parallelism in
 the engine, speculative decoding, and the prefix cache.
 """
@@ -96,15 +101,44 @@ def attention_flops(spec: ModelSpec, queries, context) -> np.ndarray:
             * np.asarray(queries, dtype=np.float64) * np.asarray(context, dtype=np.float64))
 
 
-def _tp_comm_s(spec: ModelSpec, hw: Hardware, tp, tokens) -> np.ndarray:
+def _tp_comm_s(spec: ModelSpec, hw: Hardware, tp, tokens, ep=1) -> np.ndarray:
     """Two all-reduces of the hidden states per layer (attention and MLP outputs), each ``tokens``·h
-    in bf16, over the instance's tp ranks (adjacent: stride 1)."""
+    in bf16, over the instance's tp ranks (adjacent: stride 1). With expert parallelism (ep > 1) the
+    MoE layers' MLP all-reduce gives way to ``_ep_comm_s``."""
     nbytes = BF16_BYTES * spec.hidden_size * np.asarray(tokens, dtype=np.float64)
-    per = comm.all_reduce_s(nbytes, 1, np.asarray(tp), hw)
-    return 2 * spec.num_layers * np.where(np.asarray(tp) > 1, per, 0.0)
+    per = small_all_reduce_s(nbytes, np.asarray(tp), hw)
+    _, n_moe = _layer_counts(spec)
+    per_layer = np.where(np.asarray(ep) > 1, 2 * spec.num_layers - n_moe, 2 * spec.num_layers)
+    return per_layer * np.where(np.asarray(tp) > 1, per, 0.0) + _ep_comm_s(spec, hw, ep, tokens)
 
 
-def prefill_s(spec: ModelSpec, hw: Hardware, tp, prompts, prompt_len) -> np.ndarray:
+def small_all_reduce_s(nbytes, size, hw: Hardware) -> np.ndarray:
+    """All-reduce of an engine's activations over ``size`` adjacent ranks: a ring's bandwidth term
+    (2(n−1)/n of the buffer) with a tree's latency, 2·ceil(log2 n) steps. Decode buffers are a few
+    hundred KiB, where NCCL picks its tree / low-latency protocols and vLLM its one-shot custom
+    all-reduce inside a node (vllm/distributed/device_communicators/custom_all_reduce.py) rather than
+    the 2(n−1) steps of a ring (``comm.all_reduce_s``, the training collectives' model)."""
+    size = np.asarray(size)
+    bw, lat = comm.group_bus_bandwidth(1, size, hw)
+    n = np.maximum(size, 1)
+    steps = 2 * np.ceil(np.log2(n))
+    return np.where(size > 1, 2.0 * (n - 1) / n * nbytes / bw + steps * lat, 0.0)
+
+
+def _ep_comm_s(spec: ModelSpec, hw: Hardware, ep, tokens) -> np.ndarray:
+    """Dispatch and combine all-to-alls of every MoE layer with ``ep`` expert-parallel ranks: each rank
+    sends its 1/ep of the ``tokens`` as top-k bf16 copies of h (Megatron's and vLLM's all-to-all
+    token dispatcher); 0 where ep = 1."""
+    ep = np.asarray(ep)
+    if not spec.is_moe:
+        return 0.0 * ep * np.asarray(tokens, dtype=np.float64)
+    _, n_moe = _layer_counts(spec)
+    send = (BF16_BYTES * spec.hidden_size * spec.moe_router_topk * np.asarray(tokens, dtype=np.float64)
+            / np.maximum(ep, 1))
+    return 2 * n_moe * np.where(ep > 1, comm.all_to_all_s(send, 1, ep, hw), 0.0)
+
+
+def prefill_s(spec: ModelSpec, hw: Hardware, tp, prompts, prompt_len, ep=1) -> np.ndarray:
     """Time for one instance to prefill ``prompts`` prompts of ``prompt_len`` tokens: the forward
     matmuls and causal attention at the large-GEMM efficiency of the profile, split over tp, plus
     the TP all-reduces."""
@@ -113,10 +147,10 @@ def prefill_s(spec: ModelSpec, hw: Hardware, tp, prompts, prompt_len) -> np.ndar
     attn = attention_flops(spec, tokens, prompt_len / 2.0)  # causal: each query sees half on average
     compute = matmul / (np.asarray(tp) * hw.peak_bf16_flops * hw.gemm_eff_max) \
         + attn / (np.asarray(tp) * hw.peak_bf16_flops * hw.attn_eff)
-    return compute + _tp_comm_s(spec, hw, tp, tokens)
+    return compute + _tp_comm_s(spec, hw, tp, tokens, ep)
 
 
-def decode_step_s(spec: ModelSpec, hw: Hardware, tp, batch, context) -> np.ndarray:
+def decode_step_s(spec: ModelSpec, hw: Hardware, tp, batch, context, ep=1) -> np.ndarray:
     """One decode step of ``batch`` sequences with ``context`` tokens of context each: the slower of
     reading weights and KV cache from HBM and the matmuls' compute, plus per-layer launch overhead
     (one forward pass) and the TP all-reduces."""
@@ -125,13 +159,17 @@ def decode_step_s(spec: ModelSpec, hw: Hardware, tp, batch, context) -> np.ndarr
     memory = read / hw.hbm_bytes_per_s
     flops = 2.0 * active_params_per_token(spec) * batch + attention_flops(spec, batch, context)
     compute = flops / (np.asarray(tp) * hw.peak_bf16_flops * hw.gemm_eff_max)
-    return np.maximum(memory, compute) + spec.num_layers * hw.layer_overhead_s + _tp_comm_s(spec, hw, tp, batch)
+    return (np.maximum(memory, compute) + spec.num_layers * hw.layer_overhead_s
+            + _tp_comm_s(spec, hw, tp, batch, ep))
 
 
-def max_decode_batch(spec: ModelSpec, hw: Hardware, tp, context, memory_fraction: float = 0.9) -> np.ndarray:
+def max_decode_batch(spec: ModelSpec, hw: Hardware, tp, context, memory_fraction: float = 0.9,
+                     reserved_bytes=0.0) -> np.ndarray:
     """Most sequences of ``context`` tokens one instance keeps in flight: the KV cache fills what
-    ``memory_fraction`` of each device (vLLM's ``--gpu-memory-utilization``) leaves after the weights
-    and the framework's overhead. 0 where the weights alone do not fit."""
-    room = hw.memory_bytes * memory_fraction - weight_bytes_per_device(spec, tp) - hw.framework_overhead_bytes
+    ``memory_fraction`` of each device (vLLM's ``--gpu-memory-utilization``) leaves after the weights,
+    the framework's overhead and ``reserved_bytes`` per device (a co-located trainer's states kept on
+    the device). 0 where the weights alone do not fit."""
+    room = (hw.memory_bytes * memory_fraction - weight_bytes_per_device(spec, tp) - hw.framework_overhead_bytes
+            - np.asarray(reserved_bytes, dtype=np.float64))
     per_seq = kv_bytes_per_token(spec, tp) * context
     return np.maximum(np.floor(room / per_seq), 0.0)

@@ -382,6 +382,10 @@ from .commands.calibrate import calibrate  # noqa: E402 - a profile refitted on 
 
 main.add_command(calibrate)
 
+from .commands.rl import rl  # noqa: E402 - RL post-training plans (search/rl.py)
+
+main.add_command(rl)
+
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,56 @@
+"""An RL workload from user input (CLI flags or an API body): ``workload(...)`` checks every field and
+raises ``InputError`` naming the first bad one."""
+
+from __future__ import annotations
+
+from costmodel.rl import ALGORITHMS, Workload
+
+from .bounds import MAX_GLOBAL_BATCH_SIZE, MAX_SEQ_LENGTH, int_problem
+from .errors import InputError
+
+# The default workload (a documented GRPO step): MindSpeed-RL's DeepSeek-R1-Zero 671B recipe on Atlas A3
+# (docs/solutions/r1_zero_deepseek_671b.md: gbs 384 prompts, 32 samples each, input 1024, output 2048
+# tokens), the published GRPO recipe closest to Pangu Ultra MoE on CloudMatrix 384 in size and hardware.
+DEFAULTS = {"algorithm": "grpo", "prompts_per_step": 384, "responses_per_prompt": 32, "prompt_length": 1024,
+            "response_length": 2048}
+
+
+def workload(algorithm: str = "grpo", prompts_per_step: int = 384, responses_per_prompt: int = 32,
+             prompt_length: int = 1024, response_length: int = 2048, reference: bool | None = None,
+             critic: bool | None = None, stale_sync: bool = False,
+             max_response_length: int | None = None) -> Workload:
+    """The workload; ``reference`` / ``critic`` None take the algorithm preset's value."""
+    if algorithm not in ALGORITHMS:
+        raise InputError("algorithm", f"{algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+    for name, value, cap in (("prompts_per_step", prompts_per_step, MAX_GLOBAL_BATCH_SIZE),
+                             ("responses_per_prompt", responses_per_prompt, MAX_GLOBAL_BATCH_SIZE),
+                             ("prompt_length", prompt_length, MAX_SEQ_LENGTH),
+                             ("response_length", response_length, MAX_SEQ_LENGTH)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(name, f"{value!r} is not an integer")
+        if (problem := int_problem(value, cap)) is not None:
+            raise InputError(name, problem)
+    if max_response_length is not None:
+        if (problem := int_problem(max_response_length, MAX_SEQ_LENGTH)) is not None:
+            raise InputError("max_response_length", problem)
+        if max_response_length < response_length:
+            raise InputError("max_response_length", f"{max_response_length} is below the mean response_length "
+                                                    f"({response_length})")
+    if prompts_per_step * responses_per_prompt > MAX_GLOBAL_BATCH_SIZE:
+        raise InputError("responses_per_prompt", f"{prompts_per_step * responses_per_prompt:,} samples per step is "
+                                                 f"beyond any real run (at most {MAX_GLOBAL_BATCH_SIZE:,})")
+    if prompt_length + response_length > MAX_SEQ_LENGTH:
+        raise InputError("response_length", f"prompt + response ({prompt_length + response_length:,} tokens) is "
+                                             f"beyond any real run (at most {MAX_SEQ_LENGTH:,})")
+    preset = ALGORITHMS[algorithm]
+    reference = preset["reference"] if reference is None else reference
+    critic = preset["critic"] if critic is None else critic
+    if algorithm == "grpo" and responses_per_prompt < 2:
+        raise InputError("responses_per_prompt", "GRPO needs at least 2 responses per prompt: its advantage is "
+                                                 "each response's reward against its group's mean")
+    if algorithm == "ppo" and not critic:
+        raise InputError("critic", "PPO needs a critic (its advantage comes from the critic's values); "
+                                   "use --algorithm grpo for a critic-free step")
+    return Workload(prompts_per_step, responses_per_prompt, prompt_length, response_length, algorithm=algorithm,
+                    reference=reference, critic=critic, stale_sync=stale_sync,
+                    max_response_length=max_response_length)

@@ -1,0 +1,224 @@
+"""The RL plan search: the best co-located and the best disaggregated plan of one RL workload.
+
+The training side is searched with the ordinary training search (``run_search``: the same space and
+engines, ``global_batch_size`` = the step's samples, ``seq_length`` = prompt + response); its top
+``training_top_k`` configs are combined with every rollout config (tp, ep inside the instance, and
+co-located the offload of the trainer's states), enumerated and scored at once
+(``costmodel.rl``). Disaggregated, the split is swept over node multiples; a split is searched only
+when a lower bound on its step (its best rollout + the training FLOPs at the profile's best
+efficiency) beats the best step found, so the answer equals a full sweep's (``split_sweep``).
+
+``run_rl_search(request, progress)`` is the entry point a worker calls; ``progress(done, total)``
+counts training searches.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from costmodel import ClusterProfile, ModelSpec, model_flops_per_token, rl
+from costmodel.hardware import Hardware
+
+from .engine import SearchRequest, run_search
+from .frameworks import default_framework
+from .margin import DEFAULT_MEMORY_MARGIN_GIB
+
+MODES = ("colocated", "disaggregated")
+DEFAULT_TRAINING_TOP_K = 3
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass
+class RLRequest:
+    spec: ModelSpec
+    profile: ClusterProfile
+    devices: int
+    workload: rl.Workload
+    modes: tuple[str, ...] = MODES
+    training_top_k: int = DEFAULT_TRAINING_TOP_K
+    sampler: str = "auto"
+    framework: str | None = None
+    memory_margin_gib: float = DEFAULT_MEMORY_MARGIN_GIB
+    fixed: dict = field(default_factory=dict)
+
+    @property
+    def training_spec(self) -> ModelSpec:
+        return self.spec.model_copy(update={"seq_length": self.workload.seq_length})
+
+
+def rollout_configs(spec: ModelSpec, hw: Hardware, devices: int, colocated: bool) -> tuple[np.ndarray, ...]:
+    """Engine instances a pool of ``devices`` can run: tp a power of two inside the scale-up domain and
+    the pool that divides the attention heads (dp = devices // tp instances; devices left over idle); ep = 1, or ep = tp for a MoE model whose experts divide by
+    tp; co-located, each with and without the trainer's states offloaded. Arrays (tp, ep, offload)."""
+    rows = []
+    tp = 1
+    while tp <= min(devices, hw.scale_up_domain):
+        if spec.num_attention_heads % tp == 0:
+            eps = [1] + ([tp] if spec.is_moe and tp > 1 and spec.num_experts % tp == 0 else [])
+            for ep in eps:
+                for off in ((False, True) if colocated else (False,)):
+                    rows.append((tp, ep, off))
+        tp *= 2
+    tp_, ep_, off_ = (np.array(c) for c in zip(*rows)) if rows else (np.array([], int),) * 3
+    return tp_, ep_, off_.astype(bool)
+
+
+def evaluate_plan(req: RLRequest, mode: str, config: dict, tp: int, ep: int = 1, offload: bool = False,
+                  rollout_devices: int | None = None) -> dict:
+    """One given RL plan scored (no search): ``config`` the training config (on all devices co-located,
+    on the ``devices − rollout_devices`` others disaggregated), one rollout engine config."""
+    from costmodel import TrainingConfig, evaluate
+
+    hw = Hardware.from_profile(req.profile)
+    train_devices = req.devices if mode == "colocated" else req.devices - rollout_devices
+    rollout_devices = req.devices if mode == "colocated" else rollout_devices
+    cfg = TrainingConfig.model_validate({**config, "global_batch_size": req.workload.samples})
+    ev = evaluate(req.training_spec, req.profile, train_devices, cfg)
+    cand = {"config": cfg.model_dump(mode="json", exclude_none=True), "evaluation": ev}
+    tp_, ep_, off_ = np.array([tp]), np.array([ep]), np.array([offload])
+    if mode == "colocated":
+        scored = rl.colocated_step(req.spec, hw, req.devices, ev, req.workload, tp_, ep_, off_)
+    else:
+        scored = rl.disaggregated_step(req.spec, hw, rollout_devices, train_devices, ev, req.workload, tp_, ep_)
+    return rl.plan_dict(scored, 0, hw, mode=mode, tp=tp_, ep=ep_, offload=off_, rollout_devices=rollout_devices,
+                        train_devices=train_devices, training=cand)
+
+
+def training_candidates(req: RLRequest, devices: int) -> list[dict]:
+    """The top configs of the training search on ``devices`` (``{"config", "evaluation"}``), [] where
+    none fits."""
+    framework = req.framework or default_framework(req.profile.name)
+    sreq = SearchRequest(spec=req.training_spec, profile=req.profile, devices=devices,
+                         global_batch_size=req.workload.samples, sampler=req.sampler, top_k=req.training_top_k,
+                         framework=framework, memory_margin_gib=req.memory_margin_gib, fixed=dict(req.fixed))
+    result = run_search(sreq)
+    return [{"config": e["config"], "evaluation": e["evaluation"]} for e in result["top"]]
+
+
+def _best(scored: dict) -> int | None:
+    """Index of the fastest feasible plan, None where none is."""
+    step = np.where(scored["feasible"], scored["step_time_s"], np.inf)
+    return None if not np.isfinite(step).any() else int(np.argmin(step))
+
+
+def best_colocated(req: RLRequest) -> dict | None:
+    """The best co-located plan: every training candidate on all devices with every rollout config."""
+    hw = Hardware.from_profile(req.profile)
+    tp, ep, off = rollout_configs(req.spec, hw, req.devices, colocated=True)
+    best = None
+    for cand in training_candidates(req, req.devices):
+        scored = rl.colocated_step(req.spec, hw, req.devices, cand["evaluation"], req.workload, tp, ep, off)
+        i = _best(scored)
+        if i is not None and (best is None or scored["step_time_s"][i] < best["step_time_s"]):
+            best = rl.plan_dict(scored, i, hw, mode="colocated", tp=tp, ep=ep, offload=off,
+                                rollout_devices=req.devices, train_devices=req.devices, training=cand)
+    return best
+
+
+def splits(req: RLRequest, hw: Hardware) -> list[int]:
+    """Rollout pool sizes: node multiples leaving at least one node to training."""
+    node = hw.devices_per_node
+    return list(range(node, req.devices - node + 1, node))
+
+
+def best_split_plan(req: RLRequest, hw: Hardware, rollout_devices: int) -> dict | None:
+    """The best disaggregated plan with ``rollout_devices`` generating and the rest training."""
+    train_devices = req.devices - rollout_devices
+    tp, ep, _ = rollout_configs(req.spec, hw, rollout_devices, colocated=False)
+    if not len(tp):
+        return None
+    best = None
+    for cand in training_candidates(req, train_devices):
+        scored = rl.disaggregated_step(req.spec, hw, rollout_devices, train_devices, cand["evaluation"],
+                                       req.workload, tp, ep)
+        i = _best(scored)
+        if i is not None and (best is None or scored["step_time_s"][i] < best["step_time_s"]):
+            best = rl.plan_dict(scored, i, hw, mode="disaggregated", tp=tp, ep=ep, offload=np.zeros(len(tp), bool),
+                                rollout_devices=rollout_devices, train_devices=train_devices, training=cand)
+    return best
+
+
+def train_lower_bound_s(req: RLRequest, hw: Hardware, train_devices: int) -> float:
+    """No training config on ``train_devices`` trains the step's samples faster than its model FLOPs at
+    the profile's best efficiency (large dense GEMMs, grouped expert GEMMs, attention): every other
+    term of the training cost model only adds time."""
+    flops = model_flops_per_token(req.training_spec) * req.workload.samples * req.workload.seq_length
+    eff = max(hw.gemm_eff_max * max(1.0, hw.moe_gemm_eff_ratio), hw.attn_eff)
+    return req.workload.models_trained * flops / (train_devices * hw.peak_bf16_flops * eff)
+
+
+def split_lower_bound_s(req: RLRequest, hw: Hardware, rollout_devices: int) -> float:
+    """A lower bound on the step of a split: its exact rollout and sync (over every rollout config) with
+    the training side at ``train_lower_bound_s``."""
+    train_devices = req.devices - rollout_devices
+    tp, ep, _ = rollout_configs(req.spec, hw, rollout_devices, colocated=False)
+    if not len(tp):
+        return float("inf")
+    gen = rl.generation(req.spec, hw, tp, ep, rollout_devices // tp, req.workload)
+    roll = np.where(gen["max_batch"] >= 1, gen["prefill_s"] + gen["decode_s"], np.inf)
+    sync = rl.weight_sync_s(req.spec, hw, tp, rollout_devices, train_devices)
+    train = train_lower_bound_s(req, hw, train_devices)
+    step = (np.maximum(roll, train) if req.workload.stale_sync else roll + train) + sync
+    return float(np.min(step))
+
+
+def best_disaggregated(req: RLRequest, progress: ProgressFn | None = None, done: int = 0,
+                       total: int | None = None) -> tuple[dict | None, list[dict]]:
+    """The best disaggregated plan, searching splits in the order of their lower bounds and stopping
+    where the bound reaches the best step found. Returns the plan and one row per split."""
+    hw = Hardware.from_profile(req.profile)
+    bounds = {r: split_lower_bound_s(req, hw, r) for r in splits(req, hw)}
+    rows = {r: {"rollout_devices": r, "train_devices": req.devices - r, "lower_bound_s": b, "searched": False,
+                "step_time_s": None} for r, b in bounds.items()}
+    best = None
+    for r in sorted(bounds, key=bounds.get):
+        if not np.isfinite(bounds[r]) or (best is not None and bounds[r] >= best["step_time_s"]):
+            break
+        plan = best_split_plan(req, hw, r)
+        rows[r]["searched"] = True
+        rows[r]["step_time_s"] = None if plan is None else plan["step_time_s"]
+        done += 1
+        if progress is not None:
+            progress(done, total or done)
+        if plan is not None and (best is None or plan["step_time_s"] < best["step_time_s"]):
+            best = plan
+    for row in rows.values():
+        row["lower_bound_s"] = row["lower_bound_s"] if np.isfinite(row["lower_bound_s"]) else None
+    return best, [rows[r] for r in sorted(rows)]
+
+
+def split_sweep(req: RLRequest) -> list[dict | None]:
+    """Every split's best plan, no pruning: the ground truth ``best_disaggregated`` must agree with."""
+    hw = Hardware.from_profile(req.profile)
+    return [best_split_plan(req, hw, r) for r in splits(req, hw)]
+
+
+def run_rl_search(req: RLRequest, progress: ProgressFn | None = None) -> dict:
+    """Search the requested modes. Returns ``{"colocated": plan | None, "disaggregated": plan | None,
+    "best": the faster of the two | None, "splits": [per-split row], "training_searches": int,
+    "search_time_s": float}``; a plan is ``costmodel.rl.plan_dict``'s shape."""
+    started = time.perf_counter()
+    hw = Hardware.from_profile(req.profile)
+    total = int("colocated" in req.modes) + (len(splits(req, hw)) if "disaggregated" in req.modes else 0)
+    out: dict = {"colocated": None, "disaggregated": None, "splits": []}
+    done = 0
+    if "colocated" in req.modes:
+        out["colocated"] = best_colocated(req)
+        done += 1
+        if progress is not None:
+            progress(done, total)
+    if "disaggregated" in req.modes:
+        out["disaggregated"], out["splits"] = best_disaggregated(req, progress, done, total)
+        done += sum(row["searched"] for row in out["splits"])
+    if progress is not None:
+        progress(total, total)
+    plans = [p for p in (out["colocated"], out["disaggregated"]) if p is not None]
+    out["best"] = min(plans, key=lambda p: p["step_time_s"]) if plans else None
+    out["training_searches"] = done
+    out["search_time_s"] = time.perf_counter() - started
+    return out

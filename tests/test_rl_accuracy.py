@@ -1,0 +1,40 @@
+"""The published RL runs (benchmarks/rl_runs.json, NeMo-RL v0.6 on DGX H100) predicted as fixed plans.
+
+error = predicted throughput / reported − 1 (throughput = 1 / step time for the run's workload).
+Bounds: the Qwen3-235B runs within 25 %, which is what the inputs themselves leave open: the prompt
+length is assumed, the response lengths are reduced to a mean (the table's, itself a 5-step average
+that NeMo says does not match its own formula exactly) and a longest response (the recipe's limit),
+and the live batch is taken to thin linearly between them. The DeepSeek-V3 runs are predicted about
+2.5x too fast (README, "RL post-training"): the cause is not found (their recipe's TP-32 engine spans
+four nodes and decodes with MTP speculation, neither validated here); they are guarded only against
+moving further (error below +200 %), not claimed as accurate.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.rl_accuracy import score
+
+RUNS = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "rl_runs.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {r["name"]: r for r in score(RUNS)}
+
+
+def test_every_published_run_fits_and_is_scored(rows):
+    assert len(rows) == len(RUNS) >= 2
+    assert all(r["feasible"] for r in rows.values())
+
+
+@pytest.mark.parametrize("name", [r["name"] for r in RUNS if "qwen3" in r["name"]])
+def test_qwen3_runs_within_25_percent(rows, name):
+    assert abs(rows[name]["error"]) <= 0.25, rows[name]["error"]
+
+
+@pytest.mark.parametrize("name", [r["name"] for r in RUNS if "deepseek" in r["name"]])
+def test_deepseek_runs_do_not_drift_further(rows, name):
+    assert -0.25 <= rows[name]["error"] <= 2.0, rows[name]["error"]
