@@ -7,6 +7,8 @@ is C with the refitted factors, written as a new profile under its own name, loa
 ``--cluster PROFILE.yaml``. The command prints the error on the team's runs before and after, and on
 the published runs of C before and after; a refit that makes the published set worse by more than
 ``PUBLISHED_WORSE_BY`` is reported as such (a warning, and ``published_worse`` in ``--json``).
+``--report FILE.html`` also writes the calibration report (``app/formats/calibration_report.py``): the
+runs' predicted-vs-measured scatter before and after, the factors and the published-set figures.
 """
 
 from __future__ import annotations
@@ -54,8 +56,10 @@ def _team_runs(path: str) -> list:
               help="Published runs to check the refit against (default: the shared calibration file).")
 @click.option("--max-evals", default=3000, show_default=True, type=click.IntRange(10, 100_000),
               help="At most this many candidate factor sets scored.")
+@click.option("--report", "report_file", type=click.Path(dir_okay=False), default=None,
+              help="Also write the HTML calibration report (predicted-vs-measured scatter before and after).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
-def calibrate(runs_file, cluster, output, name, published, max_evals, as_json) -> None:
+def calibrate(runs_file, cluster, output, name, published, max_evals, report_file, as_json) -> None:
     """Refit a cluster profile's efficiency factors on your own measured runs."""
     runs = _team_runs(runs_file)
     try:
@@ -75,6 +79,13 @@ def calibrate(runs_file, cluster, output, name, published, max_evals, as_json) -
                                max_evals=max_evals, progress=progress), max_evals, as_json)
     Path(output).write_text(yaml.safe_dump(fitted, sort_keys=False, allow_unicode=True))
     report = {**report, "profile": str(output)}
+    if report_file:
+        from app.formats.calibration_report import render_calibration_report
+
+        try:
+            Path(report_file).write_text(render_calibration_report(report), encoding="utf-8")
+        except OSError as exc:
+            _fail("--report", f"cannot write {report_file} ({exc.strerror})")
     pub, worse = report["published"], report["published_worse"]
     if as_json:
         click.echo(json.dumps(report, indent=2))
