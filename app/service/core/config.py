@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     max_calibration_evals: int = Field(3000, ge=10, le=100_000, description="Candidate factor sets a profile "
                                                                            "refit scores at most (its default "
                                                                            "and the cap of `max_evals`).")
+    max_calibration_run_evals: int = Field(60_000, ge=100, le=10_000_000, description="Run scorings one refit "
+                                                                                     "does at most (about 3 minutes "
+                                                                                     "on one core): `max_evals` is "
+                                                                                     "lowered to this over the "
+                                                                                     "number of measurements.")
     max_measurements: int = Field(200, ge=1, le=10_000, description="Measurements one API key may keep per "
                                                                     "cluster (a refit fits on all of them).")
 

@@ -118,10 +118,13 @@ def delete_measurement(db: Session, owner: str, cluster: str, measurement_id: st
 
 # --- versions -----------------------------------------------------------------------------------------
 
-def create_version(db: Session, owner: str, cluster: str, max_evals: int) -> ProfileVersion:
+def create_version(db: Session, owner: str, cluster: str, max_evals: int,
+                   max_run_evals: int = 60_000) -> ProfileVersion:
     """Refit ``cluster``'s shipped profile on all of ``owner``'s measurements of it and store the result
     as the owner's next version. CPU-bound for seconds: the caller runs it off the event loop, in a
-    heavy turn. No connection is held during the fit."""
+    heavy turn. No connection is held during the fit. Each candidate factor set scores every run, so
+    ``max_evals`` is lowered to ``max_run_evals`` over the runs: one refit's time stays bounded however
+    many measurements a key keeps."""
     rows = db.scalars(select(Measurement).where(Measurement.owner == owner, Measurement.cluster_name == cluster)
                       .order_by(Measurement.created_at, Measurement.id)).all()
     ids, runs = [r.id for r in rows], [parse_run(r.run) for r in rows]
@@ -129,6 +132,7 @@ def create_version(db: Session, owner: str, cluster: str, max_evals: int) -> Pro
     if not runs:
         raise invalid(["path", "name"], f"this API key has no measurements of {cluster} to fit on; POST them to "
                                         f"/v1/clusters/{cluster}/measurements first", "no_measurements")
+    max_evals = max(1, min(max_evals, max_run_evals // len(runs)))
     start = named_cluster(cluster)
     fitted, report = refit(start, runs, name=cluster, origin=f"{len(runs)} measurements posted to the service",
                            published=_published(cluster), max_evals=max_evals)

@@ -102,7 +102,8 @@ async def create_version(name: ClusterName, request: Request,
     max_evals = min((body.max_evals if body else None) or settings.max_calibration_evals,
                     settings.max_calibration_evals)
     async with heavy_turn(request.app, settings, ("path", "name"), "heavy requests (deep evaluates, profile refits)"):
-        row = await run_in_threadpool(service.create_version, db, scope, name, max_evals)
+        row = await run_in_threadpool(service.create_version, db, scope, name, max_evals,
+                                     settings.max_calibration_run_evals)
     return service.version_out(row)
 
 
