@@ -30,9 +30,14 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, negativ
                                                response_headers_conformance, response_schema_conformance,
                                                status_code_conformance)
 
+import calibration_util
 from service_util import TINY_JOB, Server, wait_for
 
 KEY = "schemathesis-key-1"
+CALIBRATION_OPERATIONS = [f"{m} /v1/clusters/{{name}}{p}" for m, p in (
+    ("POST", "/measurements"), ("GET", "/measurements"), ("GET", "/measurements/{measurement_id}"),
+    ("DELETE", "/measurements/{measurement_id}"), ("POST", "/versions"), ("GET", "/versions"),
+    ("GET", "/versions/{number}"), ("GET", "/versions/{number}/report"))]
 MAX_EXAMPLES = 50  # per operation, for the fuzzing phase; the examples and coverage phases add their own cases
 SEED = 20250101
 HALF = 0.5  # how often a path parameter or a body field is drawn from the seeded values
@@ -60,11 +65,19 @@ def _submit(client: httpx.Client, body: dict) -> str:
     return r.json()["id"]
 
 
+def _measure(client: httpx.Client, run: dict) -> str:
+    r = client.post(f"/v1/clusters/{run['cluster']}/measurements", json=run)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
 @pytest.fixture(scope="module", params=["no-keys", "api-keys"])
 def live(request, tmp_path_factory):
     kind = request.param
     tmp = tmp_path_factory.mktemp(f"schemathesis-{kind}")
-    env = {"PARAPLAN_MAX_QUEUED_JOBS": "1000000", "PARAPLAN_API_KEYS": KEY if kind == "api-keys" else ""}
+    # A refit scores every measurement per candidate factor set: the fuzzer posts many measurements and many
+    # refits, so its server caps a refit at 100 run scorings (a fraction of a second) to reach every route.
+    env = {"PARAPLAN_MAX_CALIBRATION_RUN_EVALS": "100", "PARAPLAN_MAX_QUEUED_JOBS": "1000000", "PARAPLAN_API_KEYS": KEY if kind == "api-keys" else ""}
     headers = {"Authorization": f"Bearer {KEY}"} if kind == "api-keys" else {}
     db, log = tmp / "st.db", tmp / "server.log"
     # Two jobs run to the end on a server with its worker, so that configs, launch and report have data.
@@ -84,7 +97,11 @@ def live(request, tmp_path_factory):
             cancelled = _submit(c, TINY_JOB)
             assert c.post(f"/v1/jobs/{cancelled}/cancel").json()["status"] == "cancelled"
             doomed = [_submit(c, TINY_JOB) for _ in range(6)]  # drawn by DELETE only: the others stay
-        yield Live(kind, server, {"jobs": done + queued + [cancelled], "succeeded": done, "doomed": doomed})
+            measured = [_measure(c, run) for run in calibration_util.measured_runs()[:2]]
+            doomed_measured = [_measure(c, run) for run in calibration_util.measured_runs()[:1] * 6]
+            assert c.post(f"/v1/clusters/{calibration_util.CLUSTER}/versions").status_code == 201
+        yield Live(kind, server, {"jobs": done + queued + [cancelled], "succeeded": done, "doomed": doomed,
+                                  "measurements": measured, "doomed_measurements": doomed_measured})
     finally:
         server.stop()
 
@@ -108,6 +125,10 @@ def api_schema(live):
             "clusters": {"values": clusters},
             "devices": {"values": [8, 16, 64, 512, 6144]},
             "batches": {"values": [64, 128, 1024, 7680]},
+            "calibrated": {"values": [calibration_util.CLUSTER]},
+            "measurements": {"values": live.ids["measurements"]},
+            "doomed_measurements": {"values": live.ids["doomed_measurements"]},
+            "versions": {"values": [1]},
         },
         "parameters": {
             "path.job_id": {"dictionary": "jobs", "probability": HALF},
@@ -124,6 +145,13 @@ def api_schema(live):
              "parameters": {"path.name": {"dictionary": "models", "probability": HALF}}},
             {"include-name": "GET /v1/clusters/{name}",
              "parameters": {"path.name": {"dictionary": "clusters", "probability": HALF}}},
+            # the calibration routes: the cluster the seeded measurements and version 1 are of
+            *({"include-name": name, "parameters": {
+                "path.name": {"dictionary": "calibrated", "probability": HALF},
+                "path.measurement_id": {"dictionary": "doomed_measurements" if name.startswith("DELETE")
+                                        else "measurements", "probability": HALF},
+                "path.number": {"dictionary": "versions", "probability": HALF}}}
+              for name in CALIBRATION_OPERATIONS),
         ],
     })
     return schemathesis.openapi.from_url(f"{live.server.url}/openapi.json", config=config)

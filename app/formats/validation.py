@@ -28,6 +28,7 @@ class Run:
     spec: object = None
     config: object = None
     problem: str | None = None  # why the run cannot be scored
+    problem_field: str | None = None  # the field of the run to blame for it (``config.tp``)
 
 
 def read_runs(path: str | Path) -> list[Run]:
@@ -40,27 +41,32 @@ def read_runs(path: str | Path) -> list[Run]:
         raise InputError("RUNS", f"{path} is not valid JSON ({exc})") from None
     if not isinstance(data, list):
         raise InputError("RUNS", "must be a JSON list of runs")
-    runs = []
-    for i, r in enumerate(data):
-        where = f"runs[{i}]"
-        if not isinstance(r, dict):
-            raise InputError(where, "must be an object")
-        for key in ("name", "cluster", "devices", "model", "config", "reported"):
-            if key not in r:
-                raise InputError(f"{where}.{key}", "field required")
-        rep = (r["reported"] or {}).get("tokens_per_s_per_device")
-        if not isinstance(rep, (int, float)) or rep <= 0:
-            raise InputError(f"{where}.reported.tokens_per_s_per_device", "must be a positive number")
-        run = Run(name=str(r["name"]), cluster=str(r["cluster"]), devices=r["devices"], reported=float(rep))
-        try:
-            run.spec = load_model(r["model"])
-            run.config = load_config(r["config"])
-            if not isinstance(run.devices, int) or run.devices <= 0:
-                raise InputError("devices", "must be a positive integer")
-        except InputError as exc:
-            run.problem = str(exc)
-        runs.append(run)
-    return runs
+    return [parse_run(r, f"runs[{i}]") for i, r in enumerate(data)]
+
+
+def parse_run(r, where: str = "") -> Run:
+    """One run of a published-runs file (also one measurement posted to the service). A malformed run
+    raises InputError naming ``where`` and the field; a run whose model, config or devices cannot be
+    scored is returned with ``problem`` (and ``problem_field``, the field to blame) set."""
+    at = (lambda key: f"{where}.{key}") if where else (lambda key: key)  # noqa: E731
+    if not isinstance(r, dict):
+        raise InputError(where or "run", "must be an object")
+    for key in ("name", "cluster", "devices", "model", "config", "reported"):
+        if key not in r:
+            raise InputError(at(key), "field required")
+    rep = (r["reported"] or {}).get("tokens_per_s_per_device") if isinstance(r["reported"], (dict, type(None))) \
+        else None
+    if isinstance(rep, bool) or not isinstance(rep, (int, float)) or not rep > 0 or rep == float("inf"):
+        raise InputError(at("reported.tokens_per_s_per_device"), "must be a positive number")
+    run = Run(name=str(r["name"]), cluster=str(r["cluster"]), devices=r["devices"], reported=float(rep))
+    try:
+        run.spec = load_model(r["model"])
+        run.config = load_config(r["config"])
+        if isinstance(run.devices, bool) or not isinstance(run.devices, int) or run.devices <= 0:
+            raise InputError("devices", "must be a positive integer")
+    except InputError as exc:
+        run.problem, run.problem_field = str(exc), exc.field
+    return run
 
 
 def score_runs(runs: list[Run], profiles: dict[str, ClusterProfile] | None = None) -> dict:

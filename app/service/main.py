@@ -50,6 +50,8 @@ Plan the parallel layout of a large-model training run before spending a card-ho
   ranked configs with `GET /v1/jobs/{id}/configs`.
 * **Evaluate** — `POST /v1/evaluate` scores one config at once.
 * **Catalog** — the model presets and cluster profiles that `model` and `cluster` may name.
+* **Calibration** — `POST /v1/clusters/{name}/measurements` takes your measured runs, `POST
+  /v1/clusters/{name}/versions` refits the profile on them; `"cluster": "<name>@<version>"` uses it.
 
 `model` and `cluster` take a preset name, a full spec, or a preset with overrides (`"base"`). Every
 error is a JSON body `{"detail": [{"loc", "msg", "type"}]}` naming the field and the reason.
@@ -61,6 +63,8 @@ TAGS = [
     {"name": "jobs", "description": "Search jobs: `queued → running → succeeded | failed | cancelled`."},
     {"name": "evaluate", "description": "Score one training config at once."},
     {"name": "catalog", "description": "Shipped model presets and cluster profiles."},
+    {"name": "calibration", "description": "Your measured runs of a cluster, and the profile versions refitted on "
+                                           "them (`\"cluster\": \"<name>@<version>\"` in jobs and evaluates)."},
     {"name": "service", "description": "Liveness (`/healthz`), readiness (`/readyz`) and metrics."},
 ]
 
@@ -224,9 +228,9 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
     app.state.wake = None
     app.state.metrics = Metrics(app.state.sessions)
 
-    from app.service.api.routes import catalog, evaluate, health, jobs, launch
+    from app.service.api.routes import catalog, evaluate, health, jobs, launch, profiles
 
-    for module in (jobs, launch, evaluate, catalog, health):
+    for module in (jobs, launch, evaluate, catalog, profiles, health):
         app.include_router(module.router)
 
     app.mount("/static/swagger", StaticFiles(directory=str(SWAGGER_ASSETS)), name="swagger-assets")

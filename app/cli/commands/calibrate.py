@@ -7,28 +7,25 @@ is C with the refitted factors, written as a new profile under its own name, loa
 ``--cluster PROFILE.yaml``. The command prints the error on the team's runs before and after, and on
 the published runs of C before and after; a refit that makes the published set worse by more than
 ``PUBLISHED_WORSE_BY`` is reported as such (a warning, and ``published_worse`` in ``--json``).
+``--report FILE.html`` also writes the calibration report (``app/formats/calibration_report.py``): the
+runs' predicted-vs-measured scatter before and after, the factors and the published-set figures.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import sys
 from pathlib import Path
 
 import click
-import numpy as np
 import yaml
 
 import hardware_profiles
+from app.formats.calibration import PUBLISHED_RUNS, PUBLISHED_WORSE_BY, published_runs, refit
 from app.formats.inputs import InputError, load_cluster
 from app.formats.validation import read_runs
 
 EXIT_INPUT = 2
-# The published set's MAPE may rise this much (absolute) before the refit is called worse there: the
-# shipped profiles' per-cluster MAPEs sit at 0.05-0.11, so 0.05 is half again as much error.
-PUBLISHED_WORSE_BY = 0.05
-PUBLISHED_RUNS = Path(__file__).resolve().parents[3].parent / "shared" / "validation" / "calibration_runs.json"
 
 
 def _fail(field: str, reason: str) -> None:
@@ -49,36 +46,6 @@ def _team_runs(path: str) -> list:
     return runs
 
 
-def _published_runs(path: Path | None, cluster: str) -> list:
-    if path is None or not path.is_file():
-        return []
-    return [r for r in read_runs(path) if r.problem is None and r.cluster == cluster]
-
-
-def _mape(errors: np.ndarray) -> float:
-    return float(np.mean(np.abs(errors)))
-
-
-def _fitted_profile(base: dict, fit, name: str, runs, runs_file: str) -> dict:
-    data = json.loads(json.dumps(base))
-    data.pop("calibrate_from", None)
-    data["name"] = name
-    today = dt.date.today().isoformat()
-    for key, value in fit.factors.items():
-        prior = data["efficiency"].get(key, {})
-        data["efficiency"][key] = {
-            "value": round(value, 4),
-            "source": f"fitted by paraplan calibrate on {len(runs)} measured runs ({Path(runs_file).name}, "
-                      f"{today}) from {base['name']}'s {prior.get('value')}: {prior.get('source', '')}",
-            "confidence": "medium"}
-    data["calibration"] = {
-        "fitted_on": [r.name for r in runs], "precisions": sorted({r.config.precision for r in runs}),
-        "moe": any(r.spec.is_moe for r in runs), "max_devices": max(r.devices for r in runs),
-        "fitted_from": base["name"], "mape_before": round(fit.mape_before, 4),
-        "mape_after": round(fit.mape_after, 4), "date": today}
-    return data
-
-
 @click.command()
 @click.argument("runs_file", metavar="RUNS.json")
 @click.option("--cluster", required=True, help="The profile the runs were measured on (name or file).")
@@ -89,70 +56,60 @@ def _fitted_profile(base: dict, fit, name: str, runs, runs_file: str) -> dict:
               help="Published runs to check the refit against (default: the shared calibration file).")
 @click.option("--max-evals", default=3000, show_default=True, type=click.IntRange(10, 100_000),
               help="At most this many candidate factor sets scored.")
+@click.option("--report", "report_file", type=click.Path(dir_okay=False), default=None,
+              help="Also write the HTML calibration report (predicted-vs-measured scatter before and after).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fit as JSON.")
-def calibrate(runs_file, cluster, output, name, published, max_evals, as_json) -> None:
+def calibrate(runs_file, cluster, output, name, published, max_evals, report_file, as_json) -> None:
     """Refit a cluster profile's efficiency factors on your own measured runs."""
-    from hardware_profiles.calibrate import _errors, fit
-
     runs = _team_runs(runs_file)
     try:
         start = load_cluster(cluster)
     except InputError as exc:
         _fail("cluster" if exc.field == "cluster" else exc.field, exc.reason)
-    base = json.loads(start.model_dump_json())
     name = name or Path(output).stem
     if name in hardware_profiles.names():
         _fail("--name", f"{name!r} is a shipped profile; the fitted profile needs a name of its own "
                         "(its shipped calibration would be merged over the fitted factors)")
-    published_runs = _published_runs(Path(published) if published else PUBLISHED_RUNS,
-                                     base.get("calibrate_from") or base["name"])
-    if published and not published_runs:
-        _fail("--published", f"holds no runs of {base['name']}")
+    pub_runs = published_runs(start.calibrate_from or start.name, Path(published) if published else PUBLISHED_RUNS)
+    if published and not pub_runs:
+        _fail("--published", f"holds no runs of {start.name}")
 
-    result = _fit_with_progress(fit, base, runs, max_evals, as_json)
-    fitted = _fitted_profile(base, result, name, runs, runs_file)
+    fitted, report = _fit_with_progress(
+        lambda progress: refit(start, runs, name=name, origin=Path(runs_file).name, published=pub_runs,
+                               max_evals=max_evals, progress=progress), max_evals, as_json)
     Path(output).write_text(yaml.safe_dump(fitted, sort_keys=False, allow_unicode=True))
+    report = {**report, "profile": str(output)}
+    if report_file:
+        from app.formats.calibration_report import render_calibration_report
 
-    from costmodel import ConfigBatch
-    from costmodel.spec import ClusterProfile
-
-    pub = None
-    if published_runs:
-        batches = [ConfigBatch.from_configs([r.config]) for r in published_runs]
-        pub_before = _errors(start, published_runs, batches)
-        pub_after = _errors(ClusterProfile.model_validate(fitted), published_runs, batches)
-        pub = {"runs": len(published_runs), "mape_before": _mape(pub_before), "mape_after": _mape(pub_after)}
-    worse = pub is not None and pub["mape_after"] > pub["mape_before"] + PUBLISHED_WORSE_BY
-    report = {
-        "cluster": base["name"], "name": name, "profile": str(output), "runs": len(runs),
-        "mape_before": result.mape_before, "mape_after": result.mape_after,
-        "factors": {k: {"before": base["efficiency"][k]["value"], "after": v} for k, v in result.factors.items()},
-        "run_errors": [{"name": r.name, "before": float(b), "after": float(a)}
-                       for r, b, a in zip(runs, result.before, result.after)],
-        "published": pub, "published_worse": worse,
-    }
+        try:
+            Path(report_file).write_text(render_calibration_report(report), encoding="utf-8")
+        except OSError as exc:
+            _fail("--report", f"cannot write {report_file} ({exc.strerror})")
+    pub, worse = report["published"], report["published_worse"]
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
         _print_report(report)
     if worse:
-        click.echo(f"warning: the refit makes the published {base['name']} runs worse: MAPE "
+        click.echo(f"warning: the refit makes the published {start.name} runs worse: MAPE "
                    f"{pub['mape_before']:.3f} -> {pub['mape_after']:.3f} (more than +{PUBLISHED_WORSE_BY}); "
                    "the measured cluster differs from the published ones, or the runs pull factors they "
                    "do not constrain", err=True)
 
 
-def _fit_with_progress(fit, base, runs, max_evals, quiet):
+def _fit_with_progress(run_fit, max_evals, quiet):
+    """``run_fit(progress)`` with a progress bar on a terminal stderr."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     console = Console(stderr=True)
     if quiet or not console.is_terminal:
-        return fit(base, runs, maxfev=max_evals)
+        return run_fit(None)
     with Progress(TextColumn("fitting"), BarColumn(), MofNCompleteColumn(), console=console,
                   transient=True) as bar:
         task = bar.add_task("fitting", total=max_evals)
-        return fit(base, runs, maxfev=max_evals, progress=lambda n: bar.update(task, completed=min(n, max_evals)))
+        return run_fit(lambda n: bar.update(task, completed=min(n, max_evals)))
 
 
 def _print_report(r: dict) -> None:

@@ -58,6 +58,19 @@ class Settings(BaseSettings):
     heavy_wait_s: float = Field(30.0, gt=0, le=600, description="Longest wait of a heavy evaluate for its turn; "
                                                                 "after it, 503 with Retry-After.")
 
+    # Calibration (issue 14): a refit scores every measurement of the cluster once per candidate factor set
+    # (about 3 ms per run on one core), in the heavy turns above; these bound one refit's CPU time.
+    max_calibration_evals: int = Field(3000, ge=10, le=100_000, description="Candidate factor sets a profile "
+                                                                           "refit scores at most (its default "
+                                                                           "and the cap of `max_evals`).")
+    max_calibration_run_evals: int = Field(60_000, ge=100, le=10_000_000, description="Run scorings one refit "
+                                                                                     "does at most (about 3 minutes "
+                                                                                     "on one core): `max_evals` is "
+                                                                                     "lowered to this over the "
+                                                                                     "number of measurements.")
+    max_measurements: int = Field(200, ge=1, le=10_000, description="Measurements one API key may keep per "
+                                                                    "cluster (a refit fits on all of them).")
+
     # Worker.
     lease_s: float = Field(15.0, gt=1, description="A worker's lease on a running job, renewed every half second; "
                                                    "when a worker dies another takes the job this long after.")

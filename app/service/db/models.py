@@ -11,6 +11,11 @@
   stores its top K and the counts (in ``jobs.summary``), not a row per scored config. The best config
   of each of the top K distinct parallel layouts, with its evaluation, is ``jobs.layouts`` (JSON; most
   of them are also ranked configs, but a layout's best may rank beyond K).
+* ``measurements``: one run a team measured on a shipped cluster (``POST /v1/clusters/{name}/measurements``),
+  in the published-runs format, owned by the API key that posted it.
+* ``profile_versions``: a cluster profile refitted on an owner's measurements of that cluster, numbered
+  1, 2, ... per owner and cluster (0 is the shipped profile, never stored), with the full fitted profile,
+  its hash and the fit's figures (``app/formats/calibration.refit``'s report).
 """
 
 from __future__ import annotations
@@ -135,3 +140,39 @@ class JobConfig(Base):
         Index("ix_job_configs_job_id_mfu", "job_id", "mfu"),
         Index("ix_job_configs_job_id_peak_gib", "job_id", "peak_gib"),
     )
+
+
+class Measurement(Base):
+    """One measured run (the published-runs format, ``cluster`` filled in), owned by an API key's hash."""
+
+    __tablename__ = "measurements"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    cluster_name: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    run: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+    __table_args__ = (Index("ix_measurements_owner_cluster_name_created_at", "owner", "cluster_name", "created_at"),)
+
+
+class ProfileVersion(Base):
+    """Version ``number`` of ``owner``'s profile of ``cluster_name``: the shipped profile refitted on the
+    measurements ``measurement_ids`` (the runs themselves are in ``fit.run_errors``, so that a deleted
+    measurement does not change what a version says it was fitted on)."""
+
+    __tablename__ = "profile_versions"
+
+    owner: Mapped[str] = mapped_column(String(64), primary_key=True)
+    cluster_name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    profile: Mapped[dict[str, Any]] = mapped_column(JSON)  # the full fitted profile
+    profile_version: Mapped[str] = mapped_column(String(64))  # its hash, ClusterProfile.version()
+    measurement_ids: Mapped[list[str]] = mapped_column(JSON)
+    mape_before: Mapped[float] = mapped_column(Float)
+    mape_after: Mapped[float] = mapped_column(Float)
+    published_mape_before: Mapped[float | None] = mapped_column(Float)
+    published_mape_after: Mapped[float | None] = mapped_column(Float)
+    published_worse: Mapped[bool] = mapped_column(Boolean)
+    fit: Mapped[dict[str, Any]] = mapped_column(JSON)  # factors, run errors, published figures, max_evals

@@ -22,9 +22,11 @@ MODEL_FIELD = Field(
                 "CONTRACT.md \"Model spec\"), or a preset with overrides: `{\"base\": \"<preset>\", ...}`.",
     examples=["pangu-ultra-moe-718b", {"base": "pangu-ultra-moe-718b", "seq_length": 8192}])
 CLUSTER_FIELD = Field(
-    description="A cluster profile name (`GET /v1/clusters`), a full profile, or a profile with overrides: "
-                "`{\"base\": \"<profile>\", \"facts\": {\"memory_gib\": {\"value\": 96, \"source\": \"...\"}}}`.",
-    examples=["ascend-910b"])
+    description="A cluster profile name (`GET /v1/clusters`), a full profile, a profile with overrides: "
+                "`{\"base\": \"<profile>\", \"facts\": {\"memory_gib\": {\"value\": 96, \"source\": \"...\"}}}`, "
+                "or `\"<profile>@<n>\"`: the caller's profile version n, refitted on its measurements "
+                "(`GET /v1/clusters/{name}/versions`; `@0` is the shipped profile).",
+    examples=["ascend-910b", "ascend-910b@1"])
 
 # Ceilings of the numbers a request may carry (app/formats/bounds.py, the same for the CLI and files), declared in the
 # OpenAPI document (a value above one is a 422 naming the field). The settings PARAPLAN_MAX_DEVICES /

@@ -20,6 +20,7 @@ from app.formats.results import FACT_HUGE, FACT_TINY, degenerate_facts
 from app.service.core.config import Settings
 from app.service.db.models import FINISHED, Job, JobConfig, JobLease, utcnow
 from app.service.schemas.jobs import JobCreate
+from costmodel import ClusterProfile
 from costmodel.result import PARAPLAN_VERSION
 from search import SpaceError, build_space, validate_fixed
 from search.engine import auto_engine
@@ -29,6 +30,7 @@ from search.margin import margin_fields, margin_problem
 from .errors import field_loc, http_error, invalid, not_found
 from .inputs import (GRID_CAP, check_config_ints, check_layout, check_stages, grid_estimate, resolve_cluster,
                      resolve_model)
+from .profiles import versioned_cluster
 from .studies import optuna_storage, study_name  # noqa: F401 - study_name: also the name callers know here
 
 log = logging.getLogger("paraplan.jobs")
@@ -68,11 +70,12 @@ def request_hash(body: JobCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def prepare(body: JobCreate, settings: Settings) -> dict:
-    """Check and resolve a job's inputs (the 422s happen here, before anything is stored)."""
+def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None = None) -> dict:
+    """Check and resolve a job's inputs (the 422s happen here, before anything is stored); ``profile``:
+    the cluster already resolved (a profile version, read from the database), else ``body.cluster``'s."""
     _check_caps(body, settings)
     spec = resolve_model(body.model, body.seq_length)
-    profile = resolve_cluster(body.cluster)
+    profile = profile if profile is not None else resolve_cluster(body.cluster)
     if bad := degenerate_facts(profile):  # issue 19: ranked configs with null times, "feasible"
         name, value = next(iter(bad.items()))
         raise invalid(["body", "cluster", "facts", name], f"{value:g} is beyond any real device ({FACT_TINY:g} "
@@ -179,8 +182,9 @@ def create_in_slot(db: Session, body: JobCreate, settings: Settings, scope: str,
             db.commit()  # end the read (nothing expires): the connection goes back to the pool
             return _replay(existing, digest), True
     _check_queue(db, scope, settings.max_queued_jobs)
+    profile = versioned_cluster(db, scope, body.cluster)  # "name@n": the caller's profile version n
     db.commit()  # no connection is held while the inputs are resolved and the space is built (CPU work)
-    fields = prepare(body, settings)
+    fields = prepare(body, settings, profile)
     now = utcnow()
     job = Job(id=str(uuid.uuid4()), status="queued", created_at=now, updated_at=now,
               request=body.model_dump(mode="json", exclude_unset=True), trials_done=0, cancel_requested=False,

@@ -9,7 +9,9 @@ import logging
 from fastapi import APIRouter, Depends, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from app.service.api.deps import api_scope, get_settings
+from sqlalchemy.orm import Session
+
+from app.service.api.deps import api_scope, get_db, get_settings
 from app.service.core.config import Settings
 from app.service.schemas.common import AUTH_ERRORS, BODY_ERRORS, error_doc, header_doc
 from app.service.schemas.evaluate import EvaluateRequest
@@ -17,6 +19,7 @@ from app.service.schemas.evaluation import Evaluation
 from app.service.services.errors import field_loc, http_error, invalid
 from app.service.services.inputs import (check_config_for, check_stages, resolve_cluster, resolve_config,
                                          resolve_model)
+from app.service.services.profiles import resolve_cluster_for
 from app.formats.errors import InputError
 from app.formats.results import check_finite
 from app.formats.results import evaluate as evaluate_config
@@ -37,16 +40,17 @@ def _gate(app, turns: int) -> asyncio.Semaphore:
 
 
 @contextlib.asynccontextmanager
-async def heavy_turn(app, settings: Settings):
+async def heavy_turn(app, settings: Settings, loc: tuple = ("body", "config"),
+                     what: str = f"evaluates of more than {INLINE_STAGES} virtual stages"):
     """Wait for one of the ``max_heavy_evaluates`` turns (no thread is held while waiting); a 503 with
-    Retry-After when none came within ``heavy_wait_s``."""
+    Retry-After, naming ``loc``, when none came within ``heavy_wait_s``. The turns are shared by every
+    heavy request (deep-pipeline evaluates, profile refits): together they bound the API's CPU and memory."""
     gate = _gate(app, settings.max_heavy_evaluates)
     try:
         await asyncio.wait_for(gate.acquire(), settings.heavy_wait_s)
     except TimeoutError:
-        raise http_error(503, ["body", "config"], f"{settings.max_heavy_evaluates} evaluates of more than "
-                                                  f"{INLINE_STAGES} virtual stages are running and none ended "
-                                                  f"within {settings.heavy_wait_s:g} s; retry later", "busy",
+        raise http_error(503, list(loc), f"{settings.max_heavy_evaluates} {what} are running and none ended "
+                                         f"within {settings.heavy_wait_s:g} s; retry later", "busy",
                          headers={"Retry-After": str(HEAVY_RETRY_AFTER_S)}) from None
     try:
         yield
@@ -62,11 +66,14 @@ async def heavy_turn(app, settings: Settings):
                  ["body", "config"], "2 evaluates of more than 256 virtual stages are running and none ended "
                                      "within 30 s; retry later", "busy",
                  headers={"Retry-After": header_doc("Seconds to wait before retrying.", "5")})})
-async def evaluate(body: EvaluateRequest, request: Request, settings: Settings = Depends(get_settings)) -> dict:
+async def evaluate(body: EvaluateRequest, request: Request, settings: Settings = Depends(get_settings),
+                   scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
     if body.devices > settings.max_devices:
         raise invalid(["body", "devices"], f"at most {settings.max_devices:,} devices", "less_than_equal")
     spec = resolve_model(body.model, body.seq_length)
-    profile = resolve_cluster(body.cluster)
+    # A profile version ("name@n") is read from the database, in the thread pool (no database I/O on the loop).
+    profile = await run_in_threadpool(resolve_cluster_for, db, scope, body.cluster) \
+        if isinstance(body.cluster, str) and "@" in body.cluster else resolve_cluster(body.cluster)
     check_stages(spec, body.config.get("pp"), body.config.get("vpp"), ["body", "config"])
     cfg = resolve_config(body.config)
     check_config_for(spec, cfg)
