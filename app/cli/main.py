@@ -382,6 +382,10 @@ from .commands.calibrate import calibrate  # noqa: E402 - a profile refitted on 
 
 main.add_command(calibrate)
 
+from .commands.plan import plan  # noqa: E402 - capacity planning over device counts (search/capacity.py)
+
+main.add_command(plan)
+
 
 if __name__ == "__main__":
     main()
