@@ -139,3 +139,31 @@ def test_cli_table():
              "--devices-max", "16", "--devices-step", "8", "--framework", "megatron")
     assert r.returncode == 0, r.stderr
     assert "tp/pp/vpp/cp/ep/dp/mbs" in r.stdout and "chosen: 8 devices" in r.stdout
+
+
+def test_plan_report_in_headless_chromium(plan, tmp_path):
+    """``paraplan report PLAN.json`` draws days and device-hours, the Pareto points and the chosen count."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import report_screenshot as shot
+    from service_util import require_chromium
+
+    sys.path.pop(0)
+    require_chromium(shot.chromium)
+    src = tmp_path / "plan.json"
+    src.write_text(json.dumps({"inputs": {"tokens": TOKENS, "cluster": "nvidia-a100-80gb"}, **plan}))
+    out = tmp_path / "plan.html"
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "report", str(src), "-o", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    dom = shot.rendered_dom(out)
+    import html as html_mod
+    import re
+
+    drawn = json.loads(html_mod.unescape(re.search(r'data-drawn="([^"]*)"', dom).group(1)))
+    names = [t["name"] for t in drawn]
+    assert names[:3] == ["days", "device-hours", "Pareto (days vs device-hours)"]
+    assert drawn[0]["x"] == [p["devices"] for p in plan["points"]]
+    assert drawn[2]["x"] == plan["pareto"]
+    chosen = [t for t in drawn if t["name"].startswith("chosen")]
+    assert len(chosen) == 2 and all(t["x"] == [plan["chosen"]] for t in chosen)
+    assert dom.count('class="main-svg"') >= 1 and 'id="plan-table"' in dom and 'class="chosen"' in dom
