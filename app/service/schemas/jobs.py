@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.formats.bounds import (MAX_DEVICES, MAX_GLOBAL_BATCH_SIZE, MAX_MOE_LOAD_IMBALANCE, MAX_SEED,  # noqa: F401
                         MAX_SEQ_LENGTH, MAX_TIMEOUT_S, MAX_TOP_K, MAX_TRIALS, MIN_MOE_LOAD_IMBALANCE)
@@ -106,6 +106,25 @@ class JobCreate(BaseModel):
     seq_length: int | None = Field(None, ge=1, le=MAX_SEQ_LENGTH, description="Override the model's "
                                                                           "seq_length (as `--seq-length`).")
     search: SearchOptions = Field(default_factory=SearchOptions)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _search_needs_devices(cls, data, handler):
+        """A search (the default kind) needs ``devices`` and ``global_batch_size``: reported as missing fields
+        beside any other field's error, as when they were required fields."""
+        missing = []
+        if isinstance(data, dict) and data.get("kind", "search") == "search":
+            missing = [{"type": "missing", "loc": (name,), "input": data}
+                       for name in ("devices", "global_batch_size") if data.get(name) is None]
+        try:
+            job = handler(data)
+        except ValidationError as exc:
+            if not missing:
+                raise
+            raise ValidationError.from_exception_data(exc.title, exc.errors() + missing) from None
+        if missing:
+            raise ValidationError.from_exception_data(cls.__name__, missing)
+        return job
 
 
 class Progress(BaseModel):
