@@ -20,6 +20,14 @@ KEY_B = "pk-bravo-58a2e6d1c07b"
 EVAL_BODY = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 8,
              "config": {"tp": 2, "global_batch_size": 64}}
 BODIES = {"/v1/jobs": TINY_JOB, "/v1/evaluate": EVAL_BODY}
+# The calibration routes' bodies (issue 14): one measured run, and a refit kept short.
+CALIBRATION_BODIES = {
+    "/v1/clusters/{name}/measurements": {"name": "team-run", "devices": 8, "model": "tiny-moe",
+                                         "config": {"tp": 2, "global_batch_size": 64},
+                                         "reported": {"tokens_per_s_per_device": 1000.0}},
+    "/v1/clusters/{name}/versions": {"max_evals": 10}}
+# Path parameters of the calibration routes: the cluster, a measurement id and a version number.
+CALIBRATION_PARAMS = {"name": "nvidia-h100-80gb", "measurement_id": str(uuid.uuid4()), "number": "1"}
 CATALOG_NAMES = {"/v1/models/{name}": "tiny-moe", "/v1/clusters/{name}": "nvidia-h100-80gb"}
 # The routes the document must have (the loop below covers whatever else it declares as well).
 KNOWN = {("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/jobs/{job_id}", "get"), ("/v1/jobs/{job_id}", "delete"),
@@ -48,7 +56,8 @@ def fill(path: str, op: dict, job_id: str) -> str:
     for p in op.get("parameters", []):
         if p["in"] != "path":
             continue
-        value = {"job_id": job_id, "rank": "1"}.get(p["name"]) or CATALOG_NAMES.get(path)
+        value = ({"job_id": job_id, "rank": "1"}.get(p["name"]) or CATALOG_NAMES.get(path)
+                 or CALIBRATION_PARAMS.get(p["name"]))
         assert value, f"no test value for path parameter {p['name']} of {path}: add one"
         path = path.replace("{" + p["name"] + "}", value)
     return path
@@ -57,8 +66,9 @@ def fill(path: str, op: dict, job_id: str) -> str:
 def call(client, path: str, method: str, op: dict, job_id: str, headers: dict):
     body = None
     if "requestBody" in op:
-        assert path in BODIES, f"no test body for {method.upper()} {path}: add one"
-        body = BODIES[path]
+        bodies = {**BODIES, **CALIBRATION_BODIES}
+        assert path in bodies, f"no test body for {method.upper()} {path}: add one"
+        body = bodies[path]
     return client.request(method.upper(), fill(path, op, job_id), json=body, headers=headers)
 
 
