@@ -386,6 +386,10 @@ from .commands.rl import rl  # noqa: E402 - RL post-training plans (search/rl.py
 
 main.add_command(rl)
 
+from .commands.plan import plan  # noqa: E402 - capacity planning over device counts (search/capacity.py)
+
+main.add_command(plan)
+
 
 if __name__ == "__main__":
     main()

@@ -304,10 +304,14 @@ class Worker:
         beat.start()
         started = time.perf_counter()
         try:
-            req = self._request(job)
-            log.info("job %s: running %s (%s trials, claim %d)", job_id, job.search["engine"], progress["total"],
-                     job.attempts)
-            result = run_search(req, progress=on_progress, check=check)
+            if job.search.get("kind") == "plan":
+                log.info("job %s: planning %s device counts", job_id, progress["total"])
+                result = plan_job_result(job, progress=on_progress, check=check)
+            else:
+                req = self._request(job)
+                log.info("job %s: running %s (%s trials, claim %d)", job_id, job.search["engine"], progress["total"],
+                         job.attempts)
+                result = run_search(req, progress=on_progress, check=check)
         except Cancelled:
             self._drop_lease(job_id)
             log.info("job %s: no longer ours (cancelled, deleted or finished by another worker); stopped after "
@@ -387,6 +391,11 @@ class Worker:
 
     def _finish(self, job_id: str, result: dict) -> str:
         summary = {k: v for k, v in result.items() if k not in ("best", "top", "history", "layouts")}
+        if "top" not in result:  # a plan: kept whole in the summary (the API shows it as the job's ``plan``)
+            summary = {"engine": "plan", "space_size": len(result["points"]), "trials": len(result["points"]),
+                       "feasible_trials": sum(p["feasible"] for p in result["points"]),
+                       "search_time_s": result["plan_time_s"], "plan": result}
+            result = {"trials": len(result["points"]), "top": []}
         now = utcnow()
         with self._sessions() as db:
             res = db.execute(_job_update(Job.id == job_id, Job.status == "running", self._holds_lease(job_id)).values(
@@ -402,6 +411,16 @@ class Worker:
             db.commit()
         log.info("job %s: succeeded (%d ranked configs)", job_id, len(result["top"]))
         return "succeeded"
+
+
+def plan_job_result(job: Job, progress=None, check=None) -> dict:
+    """A plan job's plan, as ``paraplan plan --json`` prints it (progress counts device counts)."""
+    from app.formats.plan import plan_result
+    from app.service.services.jobs import plan_request
+
+    req = plan_request(job.search["plan"], ModelSpec.model_validate(job.model_spec),
+                       ClusterProfile.model_validate(job.cluster_profile))
+    return plan_result(req, progress=progress, check=check)
 
 
 def _transient(exc: BaseException) -> bool:

@@ -44,6 +44,15 @@ def _from_server(server: str, job: str, api_key: str | None) -> str:
     return resp.text
 
 
+def _render(result) -> str:
+    """The page for what the file holds: a plan (``paraplan plan --json``: ``points``) or a search result."""
+    from app.formats.plan import is_plan
+    from app.formats.plan_report import render_plan_report
+    from app.formats.report import render_report
+
+    return render_plan_report(result) if is_plan(result) else render_report(result)
+
+
 @click.command()
 @click.argument("result_file", metavar="RESULT.json", required=False)
 @click.option("--server", envvar="PARAPLAN_SERVER", default=None, help="Base URL of a ParaPlan server.")
@@ -52,7 +61,7 @@ def _from_server(server: str, job: str, api_key: str | None) -> str:
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="HTML file to write.")
 def report(result_file, server, job_id, api_key, output) -> None:
-    """Write the HTML report of a search: inputs, four plots (Plotly, inlined) and the top configs."""
+    """Write the HTML report of a search (inputs, four plots, the top configs) or of a capacity plan."""
     if (result_file is None) == (job_id is None):
         _fail("RESULT.json", "give either RESULT.json or --server URL --job ID")
     if job_id is not None:
@@ -60,7 +69,7 @@ def report(result_file, server, job_id, api_key, output) -> None:
             _fail("server", "--job needs --server URL")
         page = _from_server(server, job_id, api_key)
     else:
-        from app.formats.report import ReportError, render_report
+        from app.formats.report import ReportError
 
         try:
             result = json.loads(Path(result_file).read_text())
@@ -69,7 +78,7 @@ def report(result_file, server, job_id, api_key, output) -> None:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             _fail("RESULT.json", f"{result_file} is not JSON ({exc})")
         try:
-            page = render_report(result)
+            page = _render(result)
         except ReportError as exc:
             _fail(exc.field, exc.reason)
     try:

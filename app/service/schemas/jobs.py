@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.formats.bounds import (MAX_DEVICES, MAX_GLOBAL_BATCH_SIZE, MAX_MOE_LOAD_IMBALANCE, MAX_SEED,  # noqa: F401
                         MAX_SEQ_LENGTH, MAX_TIMEOUT_S, MAX_TOP_K, MAX_TRIALS, MIN_MOE_LOAD_IMBALANCE)
@@ -73,7 +73,8 @@ class SearchOptions(BaseModel):
 
 
 class JobCreate(BaseModel):
-    """A search job: the inputs of `paraplan search`."""
+    """A search job (the inputs of `paraplan search`), or with `"kind": "plan"` a capacity plan (the inputs of
+    `paraplan plan`: `tokens` and the optional plan fields; `devices` and `global_batch_size` not needed)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "model": "pangu-ultra-moe-718b", "cluster": "ascend-910b", "devices": 6144,
@@ -81,16 +82,51 @@ class JobCreate(BaseModel):
 
     model: str | dict[str, Any] = MODEL_FIELD
     cluster: str | dict[str, Any] = CLUSTER_FIELD
-    devices: int = Field(ge=1, le=MAX_DEVICES, description="Number of devices (at most PARAPLAN_MAX_DEVICES).",
-                         examples=[6144])
-    global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH_SIZE, description="Sequences per step (at most "
-                                   "100,000,000, as in a config).", examples=[7680])
+    kind: Literal["search", "plan"] = Field("search", description="`search` (the default) or `plan`: a capacity "
+                                                                  "plan over device counts (README, \"Capacity "
+                                                                  "planning\"); its result is the job's `plan`.")
+    devices: int | None = Field(None, ge=1, le=MAX_DEVICES, description="Number of devices (at most "
+                                "PARAPLAN_MAX_DEVICES). Required for a search.", examples=[6144])
+    global_batch_size: int | None = Field(None, ge=1, le=MAX_GLOBAL_BATCH_SIZE, description="Sequences per step "
+                                          "(at most 100,000,000, as in a config). Required for a search.",
+                                          examples=[7680])
+    tokens: float | None = Field(None, gt=0, le=1e18, allow_inf_nan=False,
+                                 description="Plan: tokens to train (required for a plan).", examples=[19e12])
+    devices_min: int | None = Field(None, ge=1, le=MAX_DEVICES, description="Plan: smallest count (default one node).")
+    devices_max: int | None = Field(None, ge=1, le=MAX_DEVICES, description="Plan: largest count (default 16384).")
+    devices_step: int | None = Field(None, ge=1, le=MAX_DEVICES, description="Plan: step between counts (default: "
+                                     "the node size × the smallest power of two giving at most 32 counts).")
+    deadline_days: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False, description="Plan: deadline.")
+    price_per_device_hour: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False,
+                                                description="Plan: price of one device-hour (any currency).")
+    global_batch_tokens: float | None = Field(None, gt=0, le=1e15, allow_inf_nan=False,
+                                              description="Plan: tokens per step held across counts (default: "
+                                                          "the preset's published batch, else 4M).")
     precision: Literal["bf16", "fp8"] = Field("bf16", description="`fp8` needs a profile FP8 peak.")
     moe_load_imbalance: float | None = Field(None, ge=MIN_MOE_LOAD_IMBALANCE, le=MAX_MOE_LOAD_IMBALANCE,
                                             description="max/mean routed tokens per EP rank; default 1.15.")
     seq_length: int | None = Field(None, ge=1, le=MAX_SEQ_LENGTH, description="Override the model's "
                                                                           "seq_length (as `--seq-length`).")
     search: SearchOptions = Field(default_factory=SearchOptions)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _search_needs_devices(cls, data, handler):
+        """A search (the default kind) needs ``devices`` and ``global_batch_size``: reported as missing fields
+        beside any other field's error, as when they were required fields."""
+        missing = []
+        if isinstance(data, dict) and data.get("kind", "search") == "search":
+            missing = [{"type": "missing", "loc": (name,), "input": data}
+                       for name in ("devices", "global_batch_size") if data.get(name) is None]
+        try:
+            job = handler(data)
+        except ValidationError as exc:
+            if not missing:
+                raise
+            raise ValidationError.from_exception_data(exc.title, exc.errors() + missing) from None
+        if missing:
+            raise ValidationError.from_exception_data(cls.__name__, missing)
+        return job
 
 
 class Progress(BaseModel):
@@ -108,6 +144,9 @@ class ResolvedSearch(SearchOptions):
     framework: Literal["megatron", "mindspeed"] | None = Field(
         None, description="The framework planned for (the default resolved at submission); null for jobs submitted "
                           "before frameworks existed, which searched every option.", examples=["mindspeed"])
+    kind: Literal["search", "plan"] | None = Field(None, description="`plan` for a plan job (absent: a search).")
+    plan: dict[str, Any] | None = Field(None, description="A plan job's plan fields (tokens, devices_min, ...) "
+                                                          "with the precision, imbalance, margin and framework.")
 
 
 class JobInputs(BaseModel):
@@ -117,8 +156,8 @@ class JobInputs(BaseModel):
     cluster: str = Field(description="The cluster profile's name.", examples=["ascend-910b"])
     profile_version: str = Field(description="Hash of the profile used (facts and calibrated factors).",
                                  examples=["4f6c1a0e9b2d"])
-    devices: int
-    global_batch_size: int
+    devices: int = Field(description="A plan job: its largest device count.")
+    global_batch_size: int = Field(description="A plan job: 0 (the plan holds the batch in tokens).")
     precision: str
     moe_load_imbalance: float | None
     search: ResolvedSearch
@@ -142,6 +181,9 @@ class JobSummary(BaseModel):
 
 
 class JobOut(BaseModel):
+    kind: Literal["search", "plan"] = Field("search", description="What the job runs.")
+    plan: dict[str, Any] | None = Field(None, description="A succeeded `plan` job's plan, as `paraplan plan "
+                                                          "--json` prints it; null otherwise.")
     id: str = Field(description="A UUID.", examples=["0b5c8c52-3c2e-4a53-9f43-3f3f7f2a8f10"])
     status: Status = Field(description="`queued` → `running` → `succeeded` | `failed` | `cancelled`.")
     progress: Progress

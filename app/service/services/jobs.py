@@ -65,14 +65,26 @@ def _check_caps(body: JobCreate, settings: Settings) -> None:
         raise invalid(["body", "search", "timeout_s"], f"at most {settings.max_timeout_s:g} s", "less_than_equal")
 
 
+PLAN_FIELDS = ("tokens", "devices_min", "devices_max", "devices_step", "deadline_days", "price_per_device_hour",
+               "global_batch_tokens")
+
+
 def request_hash(body: JobCreate) -> str:
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    data = body.model_dump(mode="json")
+    if data.get("kind") == "search":  # a search body hashes as before plan jobs existed (stored keys still replay)
+        data = {k: v for k, v in data.items() if k != "kind" and not (k in PLAN_FIELDS and v is None)}
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None = None) -> dict:
     """Check and resolve a job's inputs (the 422s happen here, before anything is stored); ``profile``:
     the cluster already resolved (a profile version, read from the database), else ``body.cluster``'s."""
+    if body.kind == "plan":
+        return prepare_plan(body, settings, profile)
+    for name in ("devices", "global_batch_size"):
+        if getattr(body, name) is None:
+            raise invalid(["body", name], "Field required (a search job needs it)", "missing")
     _check_caps(body, settings)
     spec = resolve_model(body.model, body.seq_length)
     profile = profile if profile is not None else resolve_cluster(body.cluster)
@@ -126,6 +138,54 @@ def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None 
         "paraplan_version": PARAPLAN_VERSION,
         "trials_total": int(space.size) if engine == "exhaustive" else s.n_trials,
     }
+
+
+def plan_request(job_or_body_fields: dict, spec, profile):
+    """The planner's request from a plan job's stored options (``search["plan"]``)."""
+    from search.capacity import PlanRequest
+
+    o = job_or_body_fields
+    return PlanRequest(spec=spec, profile=profile, tokens=o["tokens"], devices_min=o.get("devices_min"),
+                       devices_max=o.get("devices_max"), devices_step=o.get("devices_step"),
+                       deadline_days=o.get("deadline_days"), price_per_device_hour=o.get("price_per_device_hour"),
+                       global_batch_tokens=o.get("global_batch_tokens"), precision=o.get("precision", "bf16"),
+                       moe_load_imbalance=o.get("moe_load_imbalance"),
+                       memory_margin_gib=o["memory_margin_gib"], framework=o.get("framework"))
+
+
+def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | None = None) -> dict:
+    """A plan job's inputs, checked and resolved (422 naming the field): the same checks as ``paraplan plan``;
+    ``profile`` as in ``prepare``."""
+    from search.capacity import PlanError, device_counts
+
+    if body.tokens is None:
+        raise invalid(["body", "tokens"], "Field required (a plan job needs it)", "missing")
+    for name in ("devices_min", "devices_max"):
+        if (v := getattr(body, name)) is not None and v > settings.max_devices:
+            raise invalid(["body", name], f"at most {settings.max_devices:,} devices", "less_than_equal")
+    spec = resolve_model(body.model, body.seq_length)
+    profile = profile if profile is not None else resolve_cluster(body.cluster)
+    s = body.search
+    if body.precision == "fp8" and not profile.has_fp8:
+        raise invalid(["body", "precision"], f"fp8 needs an FP8 peak, which profile {profile.name} does not have")
+    if (problem := margin_problem(s.memory_margin_gib, profile.fact("memory_gib"))) is not None:
+        raise invalid(["body", "search", "memory_margin_gib"], problem)
+    options = {**{k: getattr(body, k) for k in PLAN_FIELDS}, "precision": body.precision,
+               "moe_load_imbalance": body.moe_load_imbalance, "memory_margin_gib": s.memory_margin_gib,
+               "framework": s.framework or default_framework(profile.name)}
+    try:
+        req = plan_request(options, spec, profile).resolved()
+        counts = device_counts(req.devices_min, req.devices_max, req.devices_step,
+                               int(profile.fact("devices_per_node")))
+    except PlanError as exc:
+        raise invalid(["body", exc.field], exc.reason) from None
+    search = {**s.model_dump(mode="json"), "kind": "plan", "plan": options, "seed": 0, "engine": "plan",
+              "space_size": len(counts), "framework": options["framework"], "parallel_workers": 1}
+    return {"model_spec": spec.model_dump(mode="json"), "cluster_name": profile.name,
+            "cluster_profile": profile.model_dump(mode="json"), "profile_version": profile.version(),
+            "devices": counts[-1], "global_batch_size": 0, "precision": body.precision,
+            "moe_load_imbalance": body.moe_load_imbalance, "search": search, "paraplan_version": PARAPLAN_VERSION,
+            "trials_total": len(counts)}
 
 
 # Idempotency-Keys whose first request is being created in this process (issue 19): a concurrent duplicate
@@ -413,7 +473,14 @@ def to_out(job: Job, best: JobConfig | None) -> dict:
     """The API's job shape (``JobOut``)."""
     model = {k: v for k, v in job.model_spec.items() if v is not None}
     total = max(int(job.trials_total or 0), 0)
+    summary = job.summary
+    plan = None
+    if summary is not None and "plan" in summary:
+        plan = summary["plan"]
+        summary = {k: v for k, v in summary.items() if k != "plan"}
     return {
+        "kind": (job.search or {}).get("kind", "search"),
+        "plan": plan,
         "id": job.id,
         "status": job.status,
         "progress": {"trials_done": min(int(job.trials_done or 0), total), "trials_total": total},
@@ -423,7 +490,7 @@ def to_out(job: Job, best: JobConfig | None) -> dict:
                    "devices": job.devices, "global_batch_size": job.global_batch_size,
                    "precision": job.precision, "moe_load_imbalance": job.moe_load_imbalance,
                    "search": job.search, "paraplan_version": job.paraplan_version},
-        "summary": job.summary,
+        "summary": summary,
         "created_at": job.created_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,

@@ -189,4 +189,11 @@ def get_report(job_id: JobId, scope: str = Depends(api_scope), db: Session = Dep
     from app.service.services.report import job_result
 
     job = service.get(db, job_id, owner=scope)
+    if (job.search or {}).get("kind") == "plan":  # a plan job: the plan's page (app/formats/plan_report.py)
+        from app.formats.plan_report import render_plan_report
+        from app.service.services.report import not_finished
+
+        if job.status != "succeeded":
+            raise not_finished(job)
+        return HTMLResponse(render_plan_report(job.summary["plan"]))
     return HTMLResponse(render_report(job_result(db, job, settings.database_url)))
