@@ -10,7 +10,7 @@ from .jobs import CLUSTER_FIELD, MAX_DEVICES, MAX_SEQ_LENGTH, MODEL_FIELD
 
 
 class EvaluateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{
         "model": "pangu-ultra-moe-718b", "cluster": "ascend-910b", "devices": 6144,
         "config": {"tp": 8, "pp": 16, "vpp": 2, "ep": 32, "micro_batch_size": 2, "global_batch_size": 7680,
                    "recompute": "selective", "recompute_modules": ["layernorm", "mla_up_proj", "moe"],

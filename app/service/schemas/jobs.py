@@ -38,7 +38,9 @@ class SearchOptions(BaseModel):
     seed (recorded in the job, so the job can be re-run exactly), no time limit, nothing pinned, a 4 GiB
     memory margin."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict: each field takes the JSON type its schema declares (not `false` for 0 nor "8" for 8), so a body
+    # the OpenAPI document calls invalid is a 422, never silently coerced.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     sampler: Sampler = Field("auto", description="`auto` is `exhaustive` for spaces of at most 20,000,000 "
                                                  "configs, else `tpe` (docs/search.md).")
@@ -76,7 +78,7 @@ class JobCreate(BaseModel):
     """A search job (the inputs of `paraplan search`), or with `"kind": "plan"` a capacity plan (the inputs of
     `paraplan plan`: `tokens` and the optional plan fields; `devices` and `global_batch_size` not needed)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{
         "model": "pangu-ultra-moe-718b", "cluster": "ascend-910b", "devices": 6144,
         "global_batch_size": 7680, "search": {"sampler": "tpe", "n_trials": 200, "seed": 7}}]})
 

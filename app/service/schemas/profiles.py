@@ -54,7 +54,7 @@ class MeasurementPage(BaseModel):
 
 
 class VersionCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     max_evals: int | None = Field(None, ge=MIN_FIT_EVALS, le=MAX_FIT_EVALS,
                                   description="At most this many candidate factor sets scored (default and "
