@@ -48,6 +48,11 @@ def kv_bytes_per_token(spec: ModelSpec, tp, kv_bytes: float = BF16_BYTES) -> np.
     return spec.num_layers * per_layer
 
 
+def full_weight_bytes(spec: ModelSpec, weight_bytes: float = BF16_BYTES) -> float:
+    """Bytes of the whole unsharded model (every parameter once)."""
+    return float(weight_bytes * total_params(spec))
+
+
 def weight_bytes_per_device(spec: ModelSpec, tp, weight_bytes: float = BF16_BYTES) -> np.ndarray:
     """Weights one device of a ``tp``-wide instance holds: everything split over tp except MLA's
     latent down-projections, which every rank keeps whole (as in training, ``flops.attention_params``)."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import inference
+from . import comm, inference
 from .hardware import GIB, Hardware
 from .spec import ModelSpec
 
@@ -176,20 +176,26 @@ def train_peak_bytes(evaluation: dict, wl: Workload, states_kept: bool) -> float
 # ---------------------------------------------------------------- hand-over
 
 
-def _device_bandwidth(hw: Hardware, devices: int) -> tuple[float, float]:
-    """Bandwidth (B/s) and latency (s) between two devices of a ``devices``-device job: scale-up
-    where the job fits in one scale-up domain, else the scale-out network."""
-    if devices <= hw.scale_up_domain:
-        return hw.scale_up_bytes_per_s, hw.scale_up_latency_s
-    return hw.scale_out_bytes_per_s, hw.scale_out_latency_s
-
-
 def reshard_s(spec: ModelSpec, hw: Hardware, tp, devices: int) -> np.ndarray:
-    """Co-located switch, training layout -> rollout layout: every device receives its rollout shard of
-    the bf16 weights (``inference.weight_bytes_per_device``) from the devices that hold it in the
-    training layout (verl's ``per_tensor_generator`` all-gathers), at device-to-device bandwidth."""
-    bw, lat = _device_bandwidth(hw, devices)
-    return inference.weight_bytes_per_device(spec, tp) / bw + lat
+    """Co-located switch, training layout -> rollout layout. The refit materialises every full
+    (unsharded) bf16 tensor on every device and the rollout engine keeps its shard of it: NeMo-RL's
+    Megatron worker exports HF tensors with ``export_hf_weights``, which "does PP/TP/EP gathers to
+    materialize full unsharded tensors" on each rank, and streams them to the co-located vLLM worker
+    over CUDA IPC (nemo_rl/models/policy/workers/megatron_policy_worker.py; NeMo-RL's refit blog,
+    2025-08-12: "After this step each policy worker gets full model parameters"); verl's
+    ``per_tensor_generator`` all-gathers each tensor whole the same way. So each device receives the
+    whole model, not its 1/tp rollout shard: an all-gather of the full weights over the job's devices
+    (``comm.all_gather_s``, the job's bus bandwidth: scale-up inside one domain, the domain's NICs
+    together across domains; the speed of light NeMo-RL's blog quotes for DeepSeek-V3, 3.3 s)."""
+    full = inference.full_weight_bytes(spec) + 0.0 * np.asarray(tp)
+    return comm.all_gather_s(full, 1, np.asarray(devices), hw)
+
+
+def broadcast_s(nbytes, size, hw: Hardware) -> np.ndarray:
+    """A pipelined ring broadcast of ``nbytes`` from one rank to a ``size``-rank group: every rank
+    receives the whole buffer once at the group's bus bandwidth, plus one step's latency per hop."""
+    bw, lat = comm.group_bus_bandwidth(1, np.asarray(size), hw)
+    return np.where(np.asarray(size) > 1, nbytes / bw + (np.asarray(size) - 1) * lat, 0.0)
 
 
 def offload_s(hw: Hardware, nbytes: float) -> float:
@@ -198,6 +204,16 @@ def offload_s(hw: Hardware, nbytes: float) -> float:
     if hw.host_bytes_per_s <= 0:
         return float("inf")
     return 2.0 * nbytes / hw.host_bytes_per_s
+
+
+def rollout_sleep_s(spec: ModelSpec, hw: Hardware, tp) -> np.ndarray:
+    """Co-located: the rollout engine sleeps while the trainer runs and wakes for the next rollout.
+    vLLM's level-1 sleep, the one NeMo-RL (nemo_rl/models/generation/vllm/vllm_worker.py,
+    ``llm.sleep(level=1)``) and verl's hybrid engine call, "will offload the model weights and discard
+    the kv cache ... The model weights are backed up in CPU memory" (vLLM ``LLM.sleep``), and
+    ``wake_up(tags=["weights"])`` copies them back before the refit overwrites them: the engine's
+    shard out to the host and back each step."""
+    return offload_s(hw, inference.weight_bytes_per_device(spec, tp))
 
 
 def reference_load_s(hw: Hardware, evaluation: dict, wl: Workload) -> float:
@@ -211,14 +227,18 @@ def reference_load_s(hw: Hardware, evaluation: dict, wl: Workload) -> float:
 
 
 def weight_sync_s(spec: ModelSpec, hw: Hardware, tp, rollout_devices: int, train_devices: int) -> np.ndarray:
-    """Disaggregated: the new bf16 weights sent from the training pool to every rollout instance. Each
-    rollout device receives its shard; the training devices together send one full copy per instance
-    (rollout_devices / tp of them); the slower end sets the time."""
-    bw, lat = _device_bandwidth(hw, rollout_devices + train_devices)
-    tp = np.asarray(tp)
-    recv = inference.weight_bytes_per_device(spec, tp)
-    send = (rollout_devices / tp) * inference.weight_bytes_per_device(spec, 1) / train_devices
-    return np.maximum(recv, send) / bw + lat
+    """Disaggregated: the new bf16 weights sent from the training pool to every rollout device. As in
+    the co-located refit, the training ranks first materialise every full tensor (the all-gather of
+    ``reshard_s`` over the training pool), then one rank broadcasts every full tensor to all rollout
+    ranks, which keep their shard: NeMo-RL's default non-colocated transport "broadcasts every full
+    parameter tensor from the training ranks to every generation rank" (docs/design-docs/
+    nccl-reshard-refit.md; ``packed_broadcast_producer`` over one NCCL group spanning both pools).
+    The two run in turn, bucket by bucket. Measured for DeepSeek-V3 with training TP1/PP16/EP16 and
+    vLLM TP32: 14.2 s (NeMo-RL docs/guides/checkpoint-engine-refit.md, NCCL column); this prices 7.1 s,
+    the transfers alone (no per-tensor load or packing copies)."""
+    full = inference.full_weight_bytes(spec) + 0.0 * np.asarray(tp)
+    gather = comm.all_gather_s(full, 1, np.asarray(train_devices), hw)
+    return gather + broadcast_s(full, rollout_devices + train_devices, hw)
 
 
 # ---------------------------------------------------------------- the step
@@ -234,8 +254,8 @@ def colocated_step(spec: ModelSpec, hw: Hardware, devices: int, evaluation: dict
     kept = np.where(offload, 0.0, states)
     gen = generation(spec, hw, tp, ep, devices // tp, wl, kept)
     side = train_side(evaluation, wl)
-    switch = (reshard_s(spec, hw, tp, devices) + np.where(offload, offload_s(hw, states), 0.0)
-              + reference_load_s(hw, evaluation, wl))
+    switch = (reshard_s(spec, hw, tp, devices) + rollout_sleep_s(spec, hw, tp)
+              + np.where(offload, offload_s(hw, states), 0.0) + reference_load_s(hw, evaluation, wl))
     phases = {"prefill_s": gen["prefill_s"], "decode_s": gen["decode_s"], "switch_s": switch,
               **{k: np.full(tp.shape, v) for k, v in side.items()}}
     rollout_peak = (inference.weight_bytes_per_device(spec, tp) + gen["kv_bytes"] + kept

@@ -115,9 +115,14 @@ def test_colocated_phases_add_up_and_memory_per_phase(small, hw):
     np.testing.assert_allclose(s["memory"]["rollout"], rollout, rtol=1e-12)
     # the offloading plan pays the states out and back over the host link, the others do not
     ref_load = ev["memory"]["params_gib"] * GIB / hw.host_bytes_per_s  # GRPO: the reference comes from the host
-    reshard = inference.weight_bytes_per_device(spec, 2) / (400e9 * 0.75) + 5e-6  # 8 devices: one domain
-    assert s["phases"]["switch_s"][2] == pytest.approx(reshard + ref_load, rel=1e-9)
-    assert s["phases"]["switch_s"][1] == pytest.approx(reshard + ref_load + 2 * states / hw.host_bytes_per_s, rel=1e-9)
+    # the refit gathers every full bf16 tensor on each of the 8 devices (one domain: a ring all-gather,
+    # 7/8 of the model at 400 GB/s · 0.75, 7 steps of 5 us); the sleeping engine's tp-2 shard goes to
+    # the host and back
+    reshard = 7 / 8 * 2.0 * total_params(spec) / (400e9 * 0.75) + 7 * 5e-6
+    sleep = 2 * inference.weight_bytes_per_device(spec, 2) / hw.host_bytes_per_s
+    assert s["phases"]["switch_s"][2] == pytest.approx(reshard + sleep + ref_load, rel=1e-9)
+    assert s["phases"]["switch_s"][1] == pytest.approx(reshard + sleep + ref_load + 2 * states / hw.host_bytes_per_s,
+                                                       rel=1e-9)
     assert s["memory"]["train"][0] == pytest.approx(ev["memory"]["peak_gib"] * GIB)
     assert s["memory"]["logprob"][1] < s["memory"]["logprob"][0]  # offloaded: no grads or optimizer states
 
@@ -151,10 +156,34 @@ def test_disaggregated_phases_add_up_with_and_without_staleness(small, hw):
 
 def test_weight_sync_hand_worked(preset, hw):
     spec = preset("llama3-70b")
-    # 16 devices: two domains of 8, so the scale-out network at 50 GB/s · 0.8; 8 rollout devices as one
-    # tp-8 instance receive 1/8 of the bf16 weights each; the 8 training devices send one copy, 1/8 each
+    full = 2.0 * total_params(spec)
+    # the 8 training devices (one domain) all-gather every full tensor: 7/8 of the model at 400 GB/s · 0.75
+    # and 7 steps of 5 us; then one of them broadcasts it whole to the 16 devices of both pools, two
+    # domains: the domain's 8 NICs together (8 · 50 GB/s · 0.8 = 320) or scale-up (300), the lesser, and
+    # 15 hops of the scale-out latency, 10 us. Each rollout device receives the whole model, not its shard.
+    gather = 7 / 8 * full / 300e9 + 7 * 5e-6
+    broadcast = full / 300e9 + 15 * 10e-6
     got = rl.weight_sync_s(spec, hw, np.array([8]), 8, 8)[0]
-    assert got == pytest.approx(2.0 * total_params(spec) / 8 / (50e9 * 0.8) + 10e-6, rel=1e-9)
+    assert got == pytest.approx(gather + broadcast, rel=1e-9)
+    assert got > 1.8 * full / 300e9  # not the 1/8 shard a tp-8 instance keeps
+
+
+def test_full_weight_refit_against_nemo_rl_measured(preset):
+    """DeepSeek-V3, Megatron TP1/PP16/EP16 on 256 H100 -> vLLM TP32 on 256 more: NeMo-RL measured 14.21 s
+    for its default NCCL full-tensor refit (docs/guides/checkpoint-engine-refit.md, "DeepSeek-V3 Benchmark",
+    NCCL column). The model prices the transfers at the job's bus bandwidth, a lower bound on it: the
+    measurement adds the packing copies and vLLM's per-tensor load (45,395 tensors per rank)."""
+    from app.formats.inputs import load_cluster
+
+    h100 = Hardware.from_profile(load_cluster("nvidia-h100-80gb"))
+    spec = preset("deepseek-v3-671b")
+    full = 2.0 * total_params(spec)
+    bw = min(h100.scale_up_bytes_per_s, 8 * h100.scale_out_bytes_per_s)  # 32+ nodes: a node's 8 NICs together
+    gather = 255 / 256 * full / bw + 255 * h100.scale_out_latency_s
+    broadcast = full / bw + 511 * h100.scale_out_latency_s
+    got = rl.weight_sync_s(spec, h100, np.array([32]), 256, 256)[0]
+    assert got == pytest.approx(gather + broadcast, rel=1e-9)
+    assert 14.21 / 2.5 < got < 14.21
 
 
 @pytest.mark.parametrize("stale", [False, True])
