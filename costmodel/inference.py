@@ -53,6 +53,22 @@ def full_weight_bytes(spec: ModelSpec, weight_bytes: float = BF16_BYTES) -> floa
     return float(weight_bytes * total_params(spec))
 
 
+def hf_tensor_count(spec: ModelSpec) -> int:
+    """Weight tensors of the model in its Hugging Face layout, the unit a refit exports, sends and
+    loads one by one: every routed expert's projections separately (3 with SwiGLU, else 2), per layer
+    the attention projections (7 for MLA: q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, o; else q, k, v,
+    o, plus q/k norms where present), two layer norms, the dense MLP or the router and shared expert,
+    and the embedding, final norm and output head. DeepSeek-V3: 45,337 (NeMo-RL counts 45,395 loaded
+    per vLLM rank)."""
+    n_dense, n_moe = _layer_counts(spec)
+    mlp = 3 if spec.swiglu else 2
+    attn = 7 if spec.multi_latent_attention else 4 + (2 if spec.qk_layernorm else 0)
+    per_layer = attn + 2
+    moe = (1 + spec.num_experts * mlp + (mlp if spec.moe_shared_expert_intermediate_size else 0)) if n_moe else 0
+    head = 3 if spec.untie_embeddings_and_output_weights else 2
+    return int(spec.num_layers * per_layer + n_dense * mlp + n_moe * moe + head)
+
+
 def weight_bytes_per_device(spec: ModelSpec, tp, weight_bytes: float = BF16_BYTES) -> np.ndarray:
     """Weights one device of a ``tp``-wide instance holds: everything split over tp except MLA's
     latent down-projections, which every rank keeps whole (as in training, ``flops.attention_params``)."""

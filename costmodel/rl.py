@@ -35,6 +35,13 @@ from .spec import ModelSpec
 
 # vLLM's default --gpu-memory-utilization (vllm/engine/arg_utils.py, EngineArgs.gpu_memory_utilization = 0.9).
 MEMORY_FRACTION = 0.9
+# Host-side cost of one weight tensor in a refit (exported from the trainer, packed, sent, unpacked and
+# handed to the engine's ``load_weights``): NeMo-RL measured DeepSeek-V3 (training TP1/PP16/EP16 -> vLLM
+# TP32) with every vLLM rank loading 45,395 tensors, 69.95 GiB, in 9.25 s over NIXL GPU RDMA
+# (docs/guides/checkpoint-engine-refit.md, "DeepSeek-V3 Benchmark"); the rollout node's eight NICs move
+# its 8 x 69.95 GiB in 1.6 s, leaving 7.7 s, 0.17 ms per tensor. (Its refit blog, 2025-08-12, found the
+# same order per tensor: 0.18 ms to rebuild each CUDA IPC handle before packing.)
+REFIT_S_PER_TENSOR = 0.17e-3
 # Decode steps are priced at the midpoints of this many equal segments of the response (the step time
 # is piecewise linear in the context: memory- or compute-bound, each linear in the KV read).
 DECODE_SEGMENTS = 8
@@ -188,7 +195,15 @@ def reshard_s(spec: ModelSpec, hw: Hardware, tp, devices: int) -> np.ndarray:
     (``comm.all_gather_s``, the job's bus bandwidth: scale-up inside one domain, the domain's NICs
     together across domains; the speed of light NeMo-RL's blog quotes for DeepSeek-V3, 3.3 s)."""
     full = inference.full_weight_bytes(spec) + 0.0 * np.asarray(tp)
-    return comm.all_gather_s(full, 1, np.asarray(devices), hw)
+    return comm.all_gather_s(full, 1, np.asarray(devices), hw) + refit_tensors_s(spec)
+
+
+def refit_tensors_s(spec: ModelSpec) -> float:
+    """The refit's per-tensor host work: ``REFIT_S_PER_TENSOR`` for each of the model's Hugging Face
+    weight tensors (``inference.hf_tensor_count``), which NeMo-RL's bridge exports and vLLM's
+    ``load_weights`` takes one at a time; it dominates a fine-grained MoE's refit (256 experts x 3
+    projections x 58 layers for DeepSeek-V3: 7.7 s of its 9.25 s sharded refit)."""
+    return REFIT_S_PER_TENSOR * inference.hf_tensor_count(spec)
 
 
 def broadcast_s(nbytes, size, hw: Hardware) -> np.ndarray:
@@ -233,12 +248,13 @@ def weight_sync_s(spec: ModelSpec, hw: Hardware, tp, rollout_devices: int, train
     ranks, which keep their shard: NeMo-RL's default non-colocated transport "broadcasts every full
     parameter tensor from the training ranks to every generation rank" (docs/design-docs/
     nccl-reshard-refit.md; ``packed_broadcast_producer`` over one NCCL group spanning both pools).
-    The two run in turn, bucket by bucket. Measured for DeepSeek-V3 with training TP1/PP16/EP16 and
-    vLLM TP32: 14.2 s (NeMo-RL docs/guides/checkpoint-engine-refit.md, NCCL column); this prices 7.1 s,
-    the transfers alone (no per-tensor load or packing copies)."""
+    The two run in turn, bucket by bucket, and each tensor pays the per-tensor host work
+    (``refit_tensors_s``). Measured for DeepSeek-V3 with training TP1/PP16/EP16 and vLLM TP32: 14.21 s
+    (NeMo-RL docs/guides/checkpoint-engine-refit.md, NCCL column, not used to set the per-tensor cost);
+    this prices 7.1 s of transfers + 7.7 s of tensors = 14.8 s."""
     full = inference.full_weight_bytes(spec) + 0.0 * np.asarray(tp)
     gather = comm.all_gather_s(full, 1, np.asarray(train_devices), hw)
-    return gather + broadcast_s(full, rollout_devices + train_devices, hw)
+    return gather + broadcast_s(full, rollout_devices + train_devices, hw) + refit_tensors_s(spec)
 
 
 # ---------------------------------------------------------------- the step
