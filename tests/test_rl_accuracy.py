@@ -1,13 +1,16 @@
 """The published RL runs (benchmarks/rl_runs.json, NeMo-RL v0.6 on DGX H100) predicted as fixed plans.
 
 error = predicted throughput / reported − 1 (throughput = 1 / step time for the run's workload).
-Bounds: the Qwen3-235B runs within 25 %, which is what the inputs themselves leave open: the prompt
-length is assumed, the response lengths are reduced to a mean (the table's, itself a 5-step average
-that NeMo says does not match its own formula exactly) and a longest response (the recipe's limit),
-and the live batch is taken to thin linearly between them. The DeepSeek-V3 runs are predicted about
-2.5x too fast (README, "RL post-training"): the cause is not found (their recipe's TP-32 engine spans
-four nodes and decodes with MTP speculation, neither validated here); they are guarded only against
-moving further (error below +200 %), not claimed as accurate.
+Bounds: the Qwen3-235B runs within 20 % (now −1 to −16 %), which is what the inputs themselves leave
+open: the prompt length is assumed, the response lengths are reduced to a mean (the table's, itself a
+5-step average that NeMo says does not match its own formula exactly) and a longest response (the
+recipe's limit), and the live batch is taken to thin linearly between them. The DeepSeek-V3 runs are
+predicted +66 to +97 % too fast (README, "RL post-training"; +140 to +160 % before the refit of the
+whole model, its per-tensor host cost and vLLM's sleep were priced). The rest is not found: NeMo-RL's
+own measurement of the 256-GPU recipe (NVIDIA-NeMo/RL PR #2779 baseline: 121 s a step, 57 s of it
+generation) leaves 64 s outside generation, where 23 s are predicted, and generation 25 % above the
+46 s predicted. They are held at their present errors (between −25 %
+and +105 %), a bound that flags any drift, not a claim of accuracy.
 """
 
 import json
@@ -31,10 +34,10 @@ def test_every_published_run_fits_and_is_scored(rows):
 
 
 @pytest.mark.parametrize("name", [r["name"] for r in RUNS if "qwen3" in r["name"]])
-def test_qwen3_runs_within_25_percent(rows, name):
-    assert abs(rows[name]["error"]) <= 0.25, rows[name]["error"]
+def test_qwen3_runs_within_20_percent(rows, name):
+    assert abs(rows[name]["error"]) <= 0.20, rows[name]["error"]
 
 
 @pytest.mark.parametrize("name", [r["name"] for r in RUNS if "deepseek" in r["name"]])
 def test_deepseek_runs_do_not_drift_further(rows, name):
-    assert -0.25 <= rows[name]["error"] <= 2.0, rows[name]["error"]
+    assert -0.25 <= rows[name]["error"] <= 1.05, rows[name]["error"]
