@@ -91,9 +91,9 @@ def _kind_errors(data) -> list[dict]:
     carries (``kind_field``)."""
     from pydantic_core import PydanticCustomError
 
-    if not isinstance(data, dict) or data.get("kind", "search") not in KIND_FIELDS:
-        return []  # not an object, or an unknown kind: the field validation names it
-    kind = data.get("kind", "search")
+    kind = data.get("kind", "search") if isinstance(data, dict) else None
+    if not isinstance(kind, str) or kind not in KIND_FIELDS:
+        return []  # not an object, or a kind not known (or not a string): the field validation names it
     errors = [{"type": "missing", "loc": (name,), "input": data}
               for name in KIND_REQUIRED.get(kind, ()) if data.get(name) is None]
     for name in dict.fromkeys(f for fields in KIND_FIELDS.values() for f in fields):
