@@ -67,8 +67,10 @@ def time_figure(result: dict) -> dict:
             for j, k in enumerate(phases(plans))]
     title = "RL step timeline: exposed seconds per phase (a bar's length is the step time)" if plans else \
         "RL step timeline: no plan fits"
-    layout = _layout(title, "seconds per step", "mode", barmode="stack",
-                     yaxis={"title": {"text": "mode"}, "type": "category", "autorange": "reversed"})
+    layout = _layout(title, "seconds per step", "", barmode="stack",
+                     yaxis={"type": "category", "autorange": "reversed"},  # the modes name themselves, top down
+                     legend={"orientation": "h", "y": -0.28, "traceorder": "normal"})  # in step order, below the axis
+    layout["margin"]["l"] = 110  # room for "disaggregated"
     return {"data": data, "layout": layout}
 
 
