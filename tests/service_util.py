@@ -106,17 +106,6 @@ class Server:
         return httpx.Client(base_url=self.url, timeout=30, **kw)
 
 
-def module_server(tmp_path_factory, name: str = "serve", *extra: str, env: dict | None = None):
-    """A started `paraplan serve` (embedded worker unless ``extra`` says otherwise) on its own SQLite file, for a
-    module-scoped fixture: ``yield from module_server(tmp_path_factory)``; stopped when the fixture ends."""
-    d = tmp_path_factory.mktemp(name)
-    srv = Server(d / "paraplan.db", d / "serve.log", *extra, env=env).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
 ENDED = ("succeeded", "failed", "cancelled")
 
 

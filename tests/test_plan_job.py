@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from service_util import module_server, run_cli, wait_for
+from service_util import Server, run_cli, wait_for
 
 PLAN_JOB = {"kind": "plan", "model": "gpt-1.3b", "cluster": "nvidia-a100-80gb", "tokens": 26e9, "devices_min": 8,
             "devices_max": 24, "devices_step": 8, "deadline_days": 1.5, "price_per_device_hour": 2.0,
@@ -16,7 +16,10 @@ PLAN_JOB = {"kind": "plan", "model": "gpt-1.3b", "cluster": "nvidia-a100-80gb", 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    yield from module_server(tmp_path_factory)
+    d = tmp_path_factory.mktemp("serve")
+    srv = Server(d / "paraplan.db", d / "serve.log").start()
+    yield srv
+    srv.stop()
 
 
 def _without_times(plan: dict) -> dict:
