@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from service_util import Server, run_cli, wait_for
+from service_util import run_cli, running_server, wait_for
 
 PLAN_JOB = {"kind": "plan", "model": "gpt-1.3b", "cluster": "nvidia-a100-80gb", "tokens": 26e9, "devices_min": 8,
             "devices_max": 24, "devices_step": 8, "deadline_days": 1.5, "price_per_device_hour": 2.0,
@@ -16,10 +16,8 @@ PLAN_JOB = {"kind": "plan", "model": "gpt-1.3b", "cluster": "nvidia-a100-80gb", 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("serve")
-    srv = Server(d / "paraplan.db", d / "serve.log").start()
-    yield srv
-    srv.stop()
+    with running_server(tmp_path_factory, "serve") as srv:
+        yield srv
 
 
 def _without_times(plan: dict) -> dict:
