@@ -13,7 +13,7 @@ import hardware_profiles
 import model_presets
 from app.formats.rl import DEFAULTS, workload
 from search.rl import RLRequest, run_rl_search
-from service_util import module_server, run_cli, wait_for
+from service_util import run_cli, running_server, wait_for
 
 WORKLOAD = {"prompts_per_step": 16, "responses_per_prompt": 4, "prompt_length": 256, "response_length": 256}
 RL_JOB = {"kind": "rl", "model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 16, **WORKLOAD}
@@ -21,7 +21,8 @@ RL_JOB = {"kind": "rl", "model": "tiny-moe", "cluster": "nvidia-h100-80gb", "dev
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    yield from module_server(tmp_path_factory)
+    with running_server(tmp_path_factory, "rl-jobs") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
