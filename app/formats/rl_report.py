@@ -62,7 +62,8 @@ def time_figure(result: dict) -> dict:
     plans = _plans(result)
     modes = [MODES[m] for m in plans]
     data = [{"type": "bar", "orientation": "h", "name": k.removesuffix("_s"), "y": modes,
-             "x": [float(p["time"].get(k, 0.0)) for p in plans.values()], "marker": {"color": COLOURS[j % len(COLOURS)]},
+             "x": [float(p["time"].get(k, 0.0)) for p in plans.values()],
+             "marker": {"color": COLOURS[j % len(COLOURS)]},
              "hovertemplate": f"{k.removesuffix('_s')}: %{{x:.3f}} s<extra>%{{y}}</extra>"}
             for j, k in enumerate(phases(plans))]
     title = "RL step timeline: exposed seconds per phase (a bar's length is the step time)" if plans else \

@@ -177,8 +177,9 @@ def delete_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = Dep
             description="One self-contained HTML page (Plotly inlined, no network needed): the inputs, the top configs' "
                         "time breakdown and per-stage memory against capacity, throughput against peak memory with "
                         "the Pareto front, the optimisation history (sampler jobs: read from the job's Optuna study) "
-                        "and a table of the top configs; as `paraplan report`. A `plan` job's page shows its plan, an `rl` job's "
-                        "its two plans' step timelines and per-phase peak memory. 409 until the job has succeeded.",
+                        "and a table of the top configs; as `paraplan report`. A `plan` job's page shows its plan, an "
+                        "`rl` job's its two plans' step timelines and per-phase peak memory. 409 until the job has "
+                        "succeeded.",
             responses={200: {"content": {"text/html": {}}, "description": "The report."},
                        **text_route({**AUTH_ERRORS, **NOT_FOUND,
                                      409: error_doc("The job has not succeeded (queued, running, failed or "
