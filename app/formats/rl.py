@@ -71,10 +71,11 @@ def rl_inputs(spec, profile, devices: int, wl: Workload, model_label) -> dict:
             "cluster": profile.name, "devices": devices, "workload": {**asdict(wl), "samples": wl.samples}}
 
 
-def rl_result(req, model_label, progress=None) -> dict:
+def rl_result(req, model_label, progress=None, check=None) -> dict:
     """What ``paraplan rl --json`` prints (and an ``rl`` job's result) for ``req`` (a ``search.rl.RLRequest``):
-    ``{"inputs", **run_rl_search}``; ``progress(done, total)`` counts training searches."""
+    ``{"inputs", **run_rl_search}``; ``progress(done, total)`` counts training searches, ``check()`` may raise
+    to stop."""
     from search.rl import run_rl_search
 
-    result = run_rl_search(req, progress)
+    result = run_rl_search(req, progress, check)
     return {"inputs": rl_inputs(req.spec, req.profile, req.devices, req.workload, model_label), **result}

@@ -309,7 +309,7 @@ class Worker:
                 result = plan_job_result(job, progress=on_progress, check=check)
             elif job.search.get("kind") == "rl":
                 log.info("job %s: planning an RL step (up to %s training searches)", job_id, progress["total"])
-                result = rl_job_result(job, progress=on_progress)
+                result = rl_job_result(job, progress=on_progress, check=check)
             else:
                 req = self._request(job)
                 log.info("job %s: running %s (%s trials, claim %d)", job_id, job.search["engine"], progress["total"],
@@ -429,14 +429,14 @@ def stored_result(result: dict) -> tuple[dict, dict]:
     return {k: v for k, v in result.items() if k not in ("best", "top", "history", "layouts")}, result
 
 
-def rl_job_result(job: Job, progress=None) -> dict:
+def rl_job_result(job: Job, progress=None, check=None) -> dict:
     """An rl job's result, as ``paraplan rl --json`` prints it (progress counts training searches)."""
     from app.formats.rl import rl_result
     from app.service.services.jobs import rl_request
 
     spec = ModelSpec.model_validate(job.model_spec)
     req = rl_request(job.search["rl"], job.devices, spec, ClusterProfile.model_validate(job.cluster_profile))
-    return rl_result(req, spec.name or "model", progress)
+    return rl_result(req, spec.name or "model", progress, check)
 
 
 def plan_job_result(job: Job, progress=None, check=None) -> dict:
