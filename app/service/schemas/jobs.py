@@ -54,7 +54,8 @@ class SearchOptions(BaseModel):
                                     description="Stop sampling after this many seconds (at most "
                                                 "PARAPLAN_MAX_TIMEOUT_S, default 3600).")
     fixed: dict[str, Any] = Field(default_factory=dict, description="Config fields pinned to one value "
-                                                                    "(as `--fix KEY=VALUE`).",
+                                                                    "(as `--fix KEY=VALUE`); a plan job pins them at every count, "
+                                                                    "over its planning pins.",
                                   examples=[{"recompute": "selective", "tp": 8}])
     allow_cross_domain_tp: bool = Field(False, description="Let tp span more than one scale-up domain.")
     parallel_workers: int = Field(1, ge=1, le=64, description="Workers that may run this job's Optuna study at "

@@ -155,7 +155,8 @@ def plan_request(job_or_body_fields: dict, spec, profile):
                        deadline_days=o.get("deadline_days"), price_per_device_hour=o.get("price_per_device_hour"),
                        global_batch_tokens=o.get("global_batch_tokens"), precision=o.get("precision", "bf16"),
                        moe_load_imbalance=o.get("moe_load_imbalance"),
-                       memory_margin_gib=o["memory_margin_gib"], framework=o.get("framework"))
+                       memory_margin_gib=o["memory_margin_gib"], framework=o.get("framework"),
+                       fixed=o.get("fixed"))
 
 
 def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | None = None) -> dict:
@@ -175,15 +176,20 @@ def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | 
         raise invalid(["body", "precision"], f"fp8 needs an FP8 peak, which profile {profile.name} does not have")
     if (problem := margin_problem(s.memory_margin_gib, profile.fact("memory_gib"))) is not None:
         raise invalid(["body", "search", "memory_margin_gib"], problem)
+    check_config_ints(s.fixed, ["body", "search", "fixed"])
+    check_layout(s.fixed.get("pipeline_layout"), ["body", "search", "fixed", "pipeline_layout"])
     options = {**{k: getattr(body, k) for k in PLAN_FIELDS}, "precision": body.precision,
                "moe_load_imbalance": body.moe_load_imbalance, "memory_margin_gib": s.memory_margin_gib,
-               "framework": s.framework or default_framework(profile.name)}
+               "framework": s.framework or default_framework(profile.name), "fixed": dict(s.fixed)}
     try:
         req = plan_request(options, spec, profile).resolved()
         counts = device_counts(req.devices_min, req.devices_max, req.devices_step,
                                int(profile.fact("devices_per_node")))
     except PlanError as exc:
         raise invalid(["body", exc.field], exc.reason) from None
+    except SpaceError as exc:  # a pin search.fixed cannot hold
+        raise _space_error(exc) from None
+    check_stages(spec, req.fixed.get("pp"), req.fixed.get("vpp"), ["body", "search", "fixed"])
     search = {**s.model_dump(mode="json"), "kind": "plan", "plan": options, "seed": 0, "engine": "plan",
               "space_size": len(counts), "framework": options["framework"], "parallel_workers": 1}
     return {"model_spec": spec.model_dump(mode="json"), "cluster_name": profile.name,
