@@ -22,7 +22,7 @@ from costmodel import ClusterProfile, ModelSpec
 
 from .engine import SearchRequest, run_search
 from .margin import DEFAULT_MEMORY_MARGIN_GIB
-from .space import SpaceError
+from .space import SpaceError, validate_fixed
 
 SECONDS_PER_DAY = 86_400
 SECONDS_PER_HOUR = 3_600
@@ -142,7 +142,7 @@ class PlanRequest:
     moe_load_imbalance: float | None = None
     memory_margin_gib: float = DEFAULT_MEMORY_MARGIN_GIB
     framework: str | None = None
-    fixed: dict | None = None  # the planning pins; None: planning_fixed(spec)
+    fixed: dict | None = None  # the caller's pins (--fix), merged over planning_fixed(spec)
 
     def resolved(self) -> "PlanRequest":
         """The request with every default filled in and checked (``PlanError`` naming the field)."""
@@ -160,7 +160,8 @@ class PlanRequest:
         batch = default_batch_tokens(self.spec) if self.global_batch_tokens is None else self.global_batch_tokens
         if batch < self.spec.seq_length:
             raise PlanError("global_batch_tokens", f"{batch:g} is less than one sequence ({self.spec.seq_length} tokens)")
-        fixed = planning_fixed(self.spec) if self.fixed is None else dict(self.fixed)
+        fixed = {**planning_fixed(self.spec), **validate_fixed(dict(self.fixed or {}),
+                                                            max(1, int(batch // self.spec.seq_length)))}
         return PlanRequest(**{**self.__dict__, "devices_min": lo, "devices_max": hi, "devices_step": step,
                               "global_batch_tokens": batch, "fixed": fixed})
 

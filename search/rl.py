@@ -31,6 +31,7 @@ MODES = ("colocated", "disaggregated")
 DEFAULT_TRAINING_TOP_K = 3
 
 ProgressFn = Callable[[int, int], None]
+CheckFn = Callable[[], None]  # may raise to stop (a cancelled job), as run_search's check
 
 
 @dataclass
@@ -45,6 +46,7 @@ class RLRequest:
     framework: str | None = None
     memory_margin_gib: float = DEFAULT_MEMORY_MARGIN_GIB
     fixed: dict = field(default_factory=dict)
+    seed: int = 0  # every training search's sampler seed (spaces too big to enumerate): same request, same plan
 
     @property
     def training_spec(self) -> ModelSpec:
@@ -53,8 +55,9 @@ class RLRequest:
 
 def rollout_configs(spec: ModelSpec, hw: Hardware, devices: int, colocated: bool) -> tuple[np.ndarray, ...]:
     """Engine instances a pool of ``devices`` can run: tp a power of two inside the scale-up domain and
-    the pool that divides the attention heads (dp = devices // tp instances; devices left over idle); ep = 1, or ep = tp for a MoE model whose experts divide by
-    tp; co-located, each with and without the trainer's states offloaded. Arrays (tp, ep, offload)."""
+    the pool that divides the attention heads (dp = devices // tp instances; devices left over idle);
+    ep = 1, or ep = tp for a MoE model whose experts divide by tp; co-located, each with and without the
+    trainer's states offloaded. Arrays (tp, ep, offload)."""
     rows = []
     tp = 1
     while tp <= min(devices, hw.scale_up_domain):
@@ -89,14 +92,15 @@ def evaluate_plan(req: RLRequest, mode: str, config: dict, tp: int, ep: int = 1,
                         train_devices=train_devices, training=cand)
 
 
-def training_candidates(req: RLRequest, devices: int) -> list[dict]:
+def training_candidates(req: RLRequest, devices: int, check: CheckFn | None = None) -> list[dict]:
     """The top configs of the training search on ``devices`` (``{"config", "evaluation"}``), [] where
     none fits."""
     framework = req.framework or default_framework(req.profile.name)
     sreq = SearchRequest(spec=req.training_spec, profile=req.profile, devices=devices,
                          global_batch_size=req.workload.samples, sampler=req.sampler, top_k=req.training_top_k,
-                         framework=framework, memory_margin_gib=req.memory_margin_gib, fixed=dict(req.fixed))
-    result = run_search(sreq)
+                         framework=framework, memory_margin_gib=req.memory_margin_gib, fixed=dict(req.fixed),
+                         seed=req.seed)
+    result = run_search(sreq, check=check)
     return [{"config": e["config"], "evaluation": e["evaluation"]} for e in result["top"]]
 
 
@@ -106,12 +110,12 @@ def _best(scored: dict) -> int | None:
     return None if not np.isfinite(step).any() else int(np.argmin(step))
 
 
-def best_colocated(req: RLRequest) -> dict | None:
+def best_colocated(req: RLRequest, check: CheckFn | None = None) -> dict | None:
     """The best co-located plan: every training candidate on all devices with every rollout config."""
     hw = Hardware.from_profile(req.profile)
     tp, ep, off = rollout_configs(req.spec, hw, req.devices, colocated=True)
     best = None
-    for cand in training_candidates(req, req.devices):
+    for cand in training_candidates(req, req.devices, check):
         scored = rl.colocated_step(req.spec, hw, req.devices, cand["evaluation"], req.workload, tp, ep, off)
         i = _best(scored)
         if i is not None and (best is None or scored["step_time_s"][i] < best["step_time_s"]):
@@ -126,14 +130,14 @@ def splits(req: RLRequest, hw: Hardware) -> list[int]:
     return list(range(node, req.devices - node + 1, node))
 
 
-def best_split_plan(req: RLRequest, hw: Hardware, rollout_devices: int) -> dict | None:
+def best_split_plan(req: RLRequest, hw: Hardware, rollout_devices: int, check: CheckFn | None = None) -> dict | None:
     """The best disaggregated plan with ``rollout_devices`` generating and the rest training."""
     train_devices = req.devices - rollout_devices
     tp, ep, _ = rollout_configs(req.spec, hw, rollout_devices, colocated=False)
     if not len(tp):
         return None
     best = None
-    for cand in training_candidates(req, train_devices):
+    for cand in training_candidates(req, train_devices, check):
         scored = rl.disaggregated_step(req.spec, hw, rollout_devices, train_devices, cand["evaluation"],
                                        req.workload, tp, ep)
         i = _best(scored)
@@ -168,7 +172,7 @@ def split_lower_bound_s(req: RLRequest, hw: Hardware, rollout_devices: int) -> f
 
 
 def best_disaggregated(req: RLRequest, progress: ProgressFn | None = None, done: int = 0,
-                       total: int | None = None) -> tuple[dict | None, list[dict]]:
+                       total: int | None = None, check: CheckFn | None = None) -> tuple[dict | None, list[dict]]:
     """The best disaggregated plan, searching splits in the order of their lower bounds and stopping
     where the bound reaches the best step found. Returns the plan and one row per split."""
     hw = Hardware.from_profile(req.profile)
@@ -179,7 +183,7 @@ def best_disaggregated(req: RLRequest, progress: ProgressFn | None = None, done:
     for r in sorted(bounds, key=bounds.get):
         if not np.isfinite(bounds[r]) or (best is not None and bounds[r] >= best["step_time_s"]):
             break
-        plan = best_split_plan(req, hw, r)
+        plan = best_split_plan(req, hw, r, check)
         rows[r]["searched"] = True
         rows[r]["step_time_s"] = None if plan is None else plan["step_time_s"]
         done += 1
@@ -198,22 +202,23 @@ def split_sweep(req: RLRequest) -> list[dict | None]:
     return [best_split_plan(req, hw, r) for r in splits(req, hw)]
 
 
-def run_rl_search(req: RLRequest, progress: ProgressFn | None = None) -> dict:
+def run_rl_search(req: RLRequest, progress: ProgressFn | None = None, check: CheckFn | None = None) -> dict:
     """Search the requested modes. Returns ``{"colocated": plan | None, "disaggregated": plan | None,
     "best": the faster of the two | None, "splits": [per-split row], "training_searches": int,
-    "search_time_s": float}``; a plan is ``costmodel.rl.plan_dict``'s shape."""
+    "search_time_s": float}``; a plan is ``costmodel.rl.plan_dict``'s shape. ``check()`` runs inside every
+    training search and may raise to stop."""
     started = time.perf_counter()
     hw = Hardware.from_profile(req.profile)
     total = int("colocated" in req.modes) + (len(splits(req, hw)) if "disaggregated" in req.modes else 0)
     out: dict = {"colocated": None, "disaggregated": None, "splits": []}
     done = 0
     if "colocated" in req.modes:
-        out["colocated"] = best_colocated(req)
+        out["colocated"] = best_colocated(req, check)
         done += 1
         if progress is not None:
             progress(done, total)
     if "disaggregated" in req.modes:
-        out["disaggregated"], out["splits"] = best_disaggregated(req, progress, done, total)
+        out["disaggregated"], out["splits"] = best_disaggregated(req, progress, done, total, check)
         done += sum(row["searched"] for row in out["splits"])
     if progress is not None:
         progress(total, total)

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -104,6 +105,19 @@ class Server:
 
     def client(self, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30, **kw)
+
+
+
+@contextmanager
+def running_server(tmp_path_factory, name: str, *extra: str, env: dict | None = None):
+    """A `paraplan serve` on a fresh SQLite file in its own temporary directory, stopped on exit: the body of
+    the module-scoped ``server`` fixtures (``with running_server(f, "edges") as srv: yield srv``)."""
+    d = tmp_path_factory.mktemp(name)
+    srv = Server(d / "paraplan.db", d / "serve.log", *extra, env=env).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 ENDED = ("succeeded", "failed", "cancelled")

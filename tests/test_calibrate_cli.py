@@ -110,6 +110,10 @@ def test_a_refit_that_spoils_the_published_set_is_reported(tmp_path):
                   "reported": {"tokens_per_s_per_device": -1}}]), "runs[0].reported.tokens_per_s_per_device"),
     (json.dumps([{"name": "x", "cluster": "ascend-910b", "devices": 8, "model": "no-such-model", "config": {"tp": 1},
                   "reported": {"tokens_per_s_per_device": 100}}]), "runs[0] (x)"),
+    # 8 sequences cannot split into micro-batches of 3 on dp 8: no fit can score the run (a 422 over HTTP too)
+    (json.dumps([{"name": "odd", "cluster": "ascend-910b", "devices": 8, "model": "gpt-1.3b",
+                  "config": {"tp": 1, "micro_batch_size": 3, "global_batch_size": 8},
+                  "reported": {"tokens_per_s_per_device": 100}}]), "runs[0] (odd).config: cannot be scored on ascend-910b"),
 ])
 def test_bad_runs_files_exit_2_naming_the_field(tmp_path, runs, field):
     (tmp_path / "runs.json").write_text(runs)

@@ -13,7 +13,7 @@ import calibration_util
 import model_presets
 from costmodel import ClusterProfile
 from search import SearchRequest, run_search
-from service_util import Server, wait_for
+from service_util import running_server, wait_for
 
 KEY_A, KEY_B = "e2e-key-a-" + "1" * 20, "e2e-key-b-" + "2" * 20
 BASE = "/v1/clusters/ascend-910b"
@@ -24,10 +24,8 @@ FIT_TIMEOUT_S = 300  # the fit of ten runs takes about 30 s on one free core
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("calserve")
-    srv = Server(d / "paraplan.db", d / "serve.log", env={"PARAPLAN_API_KEYS": f"{KEY_A},{KEY_B}"}).start()
-    yield srv
-    srv.stop()
+    with running_server(tmp_path_factory, "calserve", env={"PARAPLAN_API_KEYS": f"{KEY_A},{KEY_B}"}) as srv:
+        yield srv
 
 
 def client(server, key: str):

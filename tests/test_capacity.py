@@ -11,7 +11,7 @@ import pytest
 
 import hardware_profiles
 import model_presets
-from search import SearchRequest, run_search
+from search import SearchRequest, SpaceError, run_search
 from search.capacity import (PlanError, PlanRequest, choose, device_counts, global_batch_size, pareto_devices,
                              planning_fixed, run_plan)
 
@@ -44,6 +44,23 @@ def test_best_per_count_is_the_exhaustive_search_with_the_same_pins(plan):
                                        fixed=planning_fixed(SPEC), framework="megatron"))
         assert res["best"]["config"] == p["config"]
         assert res["best"]["evaluation"]["tokens_per_s"] == p["tokens_per_s"]
+
+
+def test_caller_pins_go_over_the_planning_pins(plan):
+    # tp pinned to 2 at every count (gpt-1.3b's unpinned best is tp 1): each point is the exhaustive
+    # search with tp=2 added to the planning pins, and the plan reports the merged pins.
+    pinned = run_plan(PlanRequest(spec=SPEC, profile=A100, tokens=TOKENS, devices_min=8, devices_max=16, devices_step=8,
+                                  framework="megatron", fixed={"tp": 2, "cp_comm_type": "p2p"}))
+    assert pinned["planning_fixed"] == {**planning_fixed(SPEC), "tp": 2, "cp_comm_type": "p2p"}
+    for p, free in zip(pinned["points"], plan["points"]):
+        assert p["config"]["tp"] == 2 and free["config"]["tp"] != 2
+        res = run_search(SearchRequest(spec=SPEC, profile=A100, devices=p["devices"],
+                                       global_batch_size=p["global_batch_size"], sampler="exhaustive", top_k=1,
+                                       fixed=pinned["planning_fixed"], framework="megatron"))
+        assert res["best"]["config"] == p["config"]
+    with pytest.raises(SpaceError) as exc:
+        PlanRequest(spec=SPEC, profile=A100, tokens=TOKENS, fixed={"tpp": 2}).resolved()
+    assert exc.value.field == "fix.tpp"
 
 
 def test_pareto_front_by_hand():
@@ -120,6 +137,7 @@ def test_cli_json_shape_and_equals_the_library(plan):
     (["--tokens", "1T", "--devices-min", "64", "--devices-max", "8"], "devices_max"),
     (["--tokens", "1T", "--devices-min", "9", "--devices-max", "15"], "devices_min"),
     (["--tokens", "1T", "--deadline-days", "-1"], "deadline_days"),
+    (["--tokens", "1T", "--fix", "tp=two"], "fix.tp"), (["--tokens", "1T", "--fix", "tp"], "fix"),
 ])
 def test_cli_bad_input_exits_2_naming_the_field(args, field):
     r = _cli("--model", "gpt-1.3b", "--cluster", "nvidia-a100-80gb", *args)

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from app.formats.bounds import MAX_DEVICES, MAX_GLOBAL_BATCH_SIZE, MAX_TRIALS
-from service_util import CI_ENV, ROOT, Server, require_chromium, run_cli
+from service_util import CI_ENV, ROOT, require_chromium, run_cli, running_server
 
 HUGE = "99999999999999999999"  # beyond int64: the OverflowError of the issue
 SMALL = ["--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices", "8"]
@@ -43,10 +43,8 @@ def startup_s() -> float:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("edges")
-    srv = Server(d / "edges.db", d / "serve.log").start()
-    yield srv
-    srv.stop()
+    with running_server(tmp_path_factory, "edges") as srv:
+        yield srv
 
 
 def _timed(*args: str) -> tuple[subprocess.CompletedProcess, float]:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from service_util import Server, run_cli, wait_for
+from service_util import run_cli, running_server, wait_for
 
 PLAN_JOB = {"kind": "plan", "model": "gpt-1.3b", "cluster": "nvidia-a100-80gb", "tokens": 26e9, "devices_min": 8,
             "devices_max": 24, "devices_step": 8, "deadline_days": 1.5, "price_per_device_hour": 2.0,
@@ -16,10 +16,8 @@ PLAN_JOB = {"kind": "plan", "model": "gpt-1.3b", "cluster": "nvidia-a100-80gb", 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("serve")
-    srv = Server(d / "paraplan.db", d / "serve.log").start()
-    yield srv
-    srv.stop()
+    with running_server(tmp_path_factory, "serve") as srv:
+        yield srv
 
 
 def _without_times(plan: dict) -> dict:
@@ -46,6 +44,21 @@ def test_plan_job_equals_the_cli_plan_and_has_a_report(server):
     assert _without_times(job["plan"]) == _without_times(json.loads(cli.stdout))
 
 
+def test_a_plan_job_pins_search_fixed_at_every_count_as_plan_fix_does(server):
+    body = {**PLAN_JOB, "devices_max": 16, "search": {"framework": "megatron", "fixed": {"tp": 2}}}
+    with server.client() as c:
+        r = c.post("/v1/jobs", json=body)
+        assert r.status_code == 202, r.text
+        job = wait_for(c, r.json()["id"], timeout=120)
+    assert job["status"] == "succeeded", job
+    assert [p["config"]["tp"] for p in job["plan"]["points"]] == [2, 2]
+    cli = run_cli("plan", "--model", "gpt-1.3b", "--cluster", "nvidia-a100-80gb", "--tokens", "26B", "--devices-min",
+                  "8", "--devices-max", "16", "--devices-step", "8", "--deadline-days", "1.5",
+                  "--price-per-device-hour", "2", "--framework", "megatron", "--fix", "tp=2", "--json")
+    assert cli.returncode == 0, cli.stderr
+    assert _without_times(job["plan"]) == _without_times(json.loads(cli.stdout))
+
+
 @pytest.mark.parametrize("patch,loc", [
     ({"tokens": -1}, ["body", "tokens"]),
     ({"tokens": None}, ["body", "tokens"]),
@@ -54,6 +67,8 @@ def test_plan_job_equals_the_cli_plan_and_has_a_report(server):
     ({"deadline_days": 0}, ["body", "deadline_days"]),
     ({"global_batch_tokens": 100}, ["body", "global_batch_tokens"]),
     ({"model": "nope"}, ["body", "model"]),
+    ({"search": {"framework": "megatron", "fixed": {"tp": "two"}}}, ["body", "search", "fixed", "tp"]),
+    ({"search": {"framework": "megatron", "fixed": {"no_such_field": 1}}}, ["body", "search", "fixed", "no_such_field"]),
 ])
 def test_bad_plan_bodies_are_422_naming_the_field(server, patch, loc):
     body = {k: v for k, v in {**PLAN_JOB, **patch}.items() if v is not None}

@@ -17,7 +17,7 @@ from costmodel.flops import total_params
 from costmodel.hardware import GIB, Hardware
 from costmodel.result import evaluate
 from costmodel.spec import TrainingConfig
-from search.rl import RLRequest, best_disaggregated, rollout_configs, split_sweep
+from search.rl import RLRequest, best_disaggregated, rollout_configs, run_rl_search, split_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -260,3 +260,28 @@ def test_synchronous_waves_last_as_long_as_the_longest_response(preset, hw):
     assert sync["decode_s"][0] == pytest.approx(rl.decode_s(spec, hw, 8, 1, 8, 512, 2000), rel=1e-12)
     assert stale["decode_s"][0] == pytest.approx(rl.decode_s(spec, hw, 8, 1, 16, 512, 1000), rel=1e-12)
     assert sync["kv_bytes"][0] == 16 * 2512 * inference.kv_bytes_per_token(spec, 8)
+
+
+def test_a_sampled_rl_search_repeats_and_stops_when_checked(preset, round_profile):
+    # TPE (not the enumeration) on every training search: the request's seed makes the plan repeat, and
+    # check() raising inside a training search stops the whole RL search (a cancelled job's worker).
+    req = RLRequest(spec=preset("tiny-moe"), profile=round_profile, devices=16, workload=rl.Workload(8, 4, 128, 256),
+                    sampler="tpe", training_top_k=1, seed=3)
+    first, again = run_rl_search(req), run_rl_search(req)
+    assert first["best"] is not None
+    for mode in ("colocated", "disaggregated"):
+        assert first[mode]["training"]["config"] == again[mode]["training"]["config"]
+        assert first[mode]["step_time_s"] == again[mode]["step_time_s"]
+
+    class Stop(Exception):
+        pass
+
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) > 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_rl_search(req, check=check)

@@ -17,7 +17,7 @@ import time
 import optuna
 import pytest
 
-from service_util import HEALTHY_WITHIN_S, PANGU_JOB, ROOT, TINY_JOB, Server, run_cli, wait_for
+from service_util import HEALTHY_WITHIN_S, PANGU_JOB, ROOT, TINY_JOB, Server, run_cli, running_server, wait_for
 
 SIGTERM_EXIT_S = 10.0
 PANGU_JOB_WITHIN_S = 30.0
@@ -25,10 +25,8 @@ PANGU_JOB_WITHIN_S = 30.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("serve")
-    srv = Server(d / "paraplan.db", d / "serve.log").start()
-    yield srv
-    srv.stop()
+    with running_server(tmp_path_factory, "serve") as srv:
+        yield srv
 
 
 def test_pangu_job_over_http_matches_paraplan_search_and_survives_a_restart(server, same_result):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from service_util import ROOT, Server, require_chromium
+from service_util import ROOT, require_chromium, running_server
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import swagger_screenshot as shot  # noqa: E402
@@ -25,10 +25,8 @@ def chromium():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    d = tmp_path_factory.mktemp("docs")
-    srv = Server(d / "docs.db", d / "serve.log", "--no-worker").start()
-    yield srv
-    srv.stop()
+    with running_server(tmp_path_factory, "docs", "--no-worker") as srv:
+        yield srv
 
 
 def test_swagger_ui_renders_the_jobs_endpoints_with_no_network(chromium, server, tmp_path):

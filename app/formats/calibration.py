@@ -33,6 +33,17 @@ def published_runs(cluster: str, path: Path | None = PUBLISHED_RUNS) -> list[Run
     return [r for r in read_runs(path) if r.problem is None and r.cluster == cluster]
 
 
+def score_problem(run: Run, profile: ClusterProfile) -> str | None:
+    """Why the cost model cannot score ``run`` on ``profile`` (its infeasibility reasons), None when it can:
+    such a run would count as |error| = 1 in every candidate fit, so it is refused, not fitted on."""
+    from .results import evaluate
+
+    result = evaluate(run.spec, profile, run.devices, run.config)
+    if result["tokens_per_s_per_device"] is not None:
+        return None
+    return f"cannot be scored on {profile.name}: " + "; ".join(r["message"] for r in result["infeasible_reasons"])
+
+
 def _mape(errors) -> float:
     return float(np.mean(np.abs(errors)))
 

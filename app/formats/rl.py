@@ -54,3 +54,28 @@ def workload(algorithm: str = "grpo", prompts_per_step: int = 384, responses_per
     return Workload(prompts_per_step, responses_per_prompt, prompt_length, response_length, algorithm=algorithm,
                     reference=reference, critic=critic, stale_sync=stale_sync,
                     max_response_length=max_response_length)
+
+
+def is_rl(result) -> bool:
+    """Whether a JSON result is an RL plan (``paraplan rl --json``): it has both modes' plans."""
+    return isinstance(result, dict) and "colocated" in result and "disaggregated" in result
+
+
+def rl_inputs(spec, profile, devices: int, wl: Workload, model_label) -> dict:
+    """The ``inputs`` of an RL result: the model's name (``model_label``: the preset or file given when the
+    spec has no name), its full spec (``model_spec``, what ``paraplan export`` needs), the profile's name,
+    the devices and the workload with its samples per step."""
+    from dataclasses import asdict
+
+    return {"model": spec.name or model_label, "model_spec": spec.model_dump(mode="json", exclude_none=True),
+            "cluster": profile.name, "devices": devices, "workload": {**asdict(wl), "samples": wl.samples}}
+
+
+def rl_result(req, model_label, progress=None, check=None) -> dict:
+    """What ``paraplan rl --json`` prints (and an ``rl`` job's result) for ``req`` (a ``search.rl.RLRequest``):
+    ``{"inputs", **run_rl_search}``; ``progress(done, total)`` counts training searches, ``check()`` may raise
+    to stop."""
+    from search.rl import run_rl_search
+
+    result = run_rl_search(req, progress, check)
+    return {"inputs": rl_inputs(req.spec, req.profile, req.devices, req.workload, model_label), **result}

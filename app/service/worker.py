@@ -307,6 +307,9 @@ class Worker:
             if job.search.get("kind") == "plan":
                 log.info("job %s: planning %s device counts", job_id, progress["total"])
                 result = plan_job_result(job, progress=on_progress, check=check)
+            elif job.search.get("kind") == "rl":
+                log.info("job %s: planning an RL step (up to %s training searches)", job_id, progress["total"])
+                result = rl_job_result(job, progress=on_progress, check=check)
             else:
                 req = self._request(job)
                 log.info("job %s: running %s (%s trials, claim %d)", job_id, job.search["engine"], progress["total"],
@@ -390,12 +393,7 @@ class Worker:
         return "failed" if res.rowcount else "cancelled"
 
     def _finish(self, job_id: str, result: dict) -> str:
-        summary = {k: v for k, v in result.items() if k not in ("best", "top", "history", "layouts")}
-        if "top" not in result:  # a plan: kept whole in the summary (the API shows it as the job's ``plan``)
-            summary = {"engine": "plan", "space_size": len(result["points"]), "trials": len(result["points"]),
-                       "feasible_trials": sum(p["feasible"] for p in result["points"]),
-                       "search_time_s": result["plan_time_s"], "plan": result}
-            result = {"trials": len(result["points"]), "top": []}
+        summary, result = stored_result(result)
         now = utcnow()
         with self._sessions() as db:
             res = db.execute(_job_update(Job.id == job_id, Job.status == "running", self._holds_lease(job_id)).values(
@@ -411,6 +409,34 @@ class Worker:
             db.commit()
         log.info("job %s: succeeded (%d ranked configs)", job_id, len(result["top"]))
         return "succeeded"
+
+
+def stored_result(result: dict) -> tuple[dict, dict]:
+    """A job's result as stored: the summary, and what the ranked-config rows and the final progress come from
+    (``trials``, ``top``, ``layouts``). A plan or an RL result is kept whole in the summary (the API shows it
+    as the job's ``plan`` or ``rl``), with no ranked configs."""
+    if "points" in result:  # a capacity plan
+        summary = {"engine": "plan", "space_size": len(result["points"]), "trials": len(result["points"]),
+                   "feasible_trials": sum(p["feasible"] for p in result["points"]),
+                   "search_time_s": result["plan_time_s"], "plan": result}
+        return summary, {"trials": len(result["points"]), "top": []}
+    if "training_searches" in result:  # an RL plan: every split settled, searched or bounded out
+        settled = 1 + len(result["splits"])
+        summary = {"engine": "rl", "space_size": settled, "trials": result["training_searches"],
+                   "feasible_trials": sum(result[m] is not None for m in ("colocated", "disaggregated")),
+                   "search_time_s": result["search_time_s"], "rl": result}
+        return summary, {"trials": settled, "top": []}
+    return {k: v for k, v in result.items() if k not in ("best", "top", "history", "layouts")}, result
+
+
+def rl_job_result(job: Job, progress=None, check=None) -> dict:
+    """An rl job's result, as ``paraplan rl --json`` prints it (progress counts training searches)."""
+    from app.formats.rl import rl_result
+    from app.service.services.jobs import rl_request
+
+    spec = ModelSpec.model_validate(job.model_spec)
+    req = rl_request(job.search["rl"], job.devices, spec, ClusterProfile.model_validate(job.cluster_profile))
+    return rl_result(req, spec.name or "model", progress, check)
 
 
 def plan_job_result(job: Job, progress=None, check=None) -> dict:

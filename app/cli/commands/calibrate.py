@@ -21,7 +21,7 @@ import click
 import yaml
 
 import hardware_profiles
-from app.formats.calibration import PUBLISHED_RUNS, PUBLISHED_WORSE_BY, published_runs, refit
+from app.formats.calibration import PUBLISHED_RUNS, PUBLISHED_WORSE_BY, published_runs, refit, score_problem
 from app.formats.inputs import InputError, load_cluster
 from app.formats.validation import read_runs
 
@@ -66,6 +66,9 @@ def calibrate(runs_file, cluster, output, name, published, max_evals, report_fil
         start = load_cluster(cluster)
     except InputError as exc:
         _fail("cluster" if exc.field == "cluster" else exc.field, exc.reason)
+    for i, r in enumerate(runs):  # as POST .../measurements refuses it: a run no fit can score
+        if (problem := score_problem(r, start)) is not None:
+            _fail(f"runs[{i}] ({r.name}).config", problem)
     name = name or Path(output).stem
     if name in hardware_profiles.names():
         _fail("--name", f"{name!r} is a shipped profile; the fitted profile needs a name of its own "

@@ -92,11 +92,16 @@ def _run(req: PlanRequest) -> dict:
               help="Headroom (GiB) the chosen configs keep (docs/search.md).")
 @click.option("--framework", type=click.Choice(FRAMEWORKS), default=None,
               help="Training framework planned for (default: mindspeed for Ascend profiles, megatron otherwise).")
+@click.option("--fix", "fix", multiple=True, metavar="KEY=VALUE",
+              help="Pin a config field at every count (repeatable), over the planning pins (README, \"Capacity "
+                   "planning\"): e.g. --fix tp=1, or --fix 'offload_modules=[\"core_attn\"]' to plan with offload.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadline_days, price_per_device_hour,
-         global_batch_tokens, precision, moe_load_imbalance, seq_length, memory_margin_gib, framework,
+         global_batch_tokens, precision, moe_load_imbalance, seq_length, memory_margin_gib, framework, fix,
          as_json) -> None:
     """Plan capacity: the best config per device count, days, device-hours, cost and the Pareto front."""
+    from app.cli.main import _parse_fix
+
     try:
         for name, problem in flag_problems(devices=devices_min, seq_length=seq_length,
                                            moe_load_imbalance=moe_load_imbalance):
@@ -113,7 +118,7 @@ def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadlin
                           devices_step=devices_step, deadline_days=deadline_days,
                           price_per_device_hour=price_per_device_hour, global_batch_tokens=batch, precision=precision,
                           moe_load_imbalance=moe_load_imbalance, memory_margin_gib=memory_margin_gib,
-                          framework=framework or default_framework(profile.name))
+                          framework=framework or default_framework(profile.name), fixed=_parse_fix(fix))
         req.resolved()  # every input checked before the first search
         result = _run(req)
     except InputError as exc:

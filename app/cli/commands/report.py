@@ -45,11 +45,16 @@ def _from_server(server: str, job: str, api_key: str | None) -> str:
 
 
 def _render(result) -> str:
-    """The page for what the file holds: a plan (``paraplan plan --json``: ``points``) or a search result."""
+    """The page for what the file holds: a plan (``paraplan plan --json``: ``points``), an RL plan (``paraplan
+    rl --json``: ``colocated`` and ``disaggregated``) or a search result."""
     from app.formats.plan import is_plan
     from app.formats.plan_report import render_plan_report
     from app.formats.report import render_report
+    from app.formats.rl import is_rl
+    from app.formats.rl_report import render_rl_report
 
+    if is_rl(result):
+        return render_rl_report(result)
     return render_plan_report(result) if is_plan(result) else render_report(result)
 
 
@@ -61,7 +66,8 @@ def _render(result) -> str:
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="HTML file to write.")
 def report(result_file, server, job_id, api_key, output) -> None:
-    """Write the HTML report of a search (inputs, four plots, the top configs) or of a capacity plan."""
+    """Write the HTML report of a search (inputs, four plots, the top configs), of a capacity plan or of an RL
+    plan (``paraplan rl --json``: each mode's step timeline and per-phase peak memory)."""
     if (result_file is None) == (job_id is None):
         _fail("RESULT.json", "give either RESULT.json or --server URL --job ID")
     if job_id is not None:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
 
 import click
 from rich.table import Table
 
-from search.rl import RLRequest, run_rl_search
+from search.rl import RLRequest
 
 from app.formats.bounds import flag_problems
 from app.formats.inputs import InputError, check_devices, load_cluster, load_model
-from app.formats.rl import DEFAULTS, workload
+from app.formats.rl import DEFAULTS, rl_result, workload
 
 EXIT_NO_FIT = 3
 
@@ -50,11 +49,9 @@ def rl(model, cluster, devices, algorithm, prompts_per_step, responses_per_promp
         profile = load_cluster(cluster)
     except InputError as exc:
         _fail(exc)
-    result = run_rl_search(RLRequest(spec=spec, profile=profile, devices=devices, workload=wl))
-    full = {"inputs": {"model": spec.name or model, "cluster": profile.name, "devices": devices,
-                       "workload": {**asdict(wl), "samples": wl.samples}}, **result}
+    result = rl_result(RLRequest(spec=spec, profile=profile, devices=devices, workload=wl), model)
     if as_json:
-        _print_json(full)
+        _print_json(result)
     else:
         for mode in ("colocated", "disaggregated"):
             _plan_table(out, mode, result[mode])

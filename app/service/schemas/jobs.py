@@ -54,7 +54,8 @@ class SearchOptions(BaseModel):
                                     description="Stop sampling after this many seconds (at most "
                                                 "PARAPLAN_MAX_TIMEOUT_S, default 3600).")
     fixed: dict[str, Any] = Field(default_factory=dict, description="Config fields pinned to one value "
-                                                                    "(as `--fix KEY=VALUE`).",
+                                                                    "(as `--fix KEY=VALUE`); a plan job pins them at every count, "
+                                                                    "over its planning pins.",
                                   examples=[{"recompute": "selective", "tp": 8}])
     allow_cross_domain_tp: bool = Field(False, description="Let tp span more than one scale-up domain.")
     parallel_workers: int = Field(1, ge=1, le=64, description="Workers that may run this job's Optuna study at "
@@ -74,9 +75,42 @@ class SearchOptions(BaseModel):
                           "otherwise (docs/search.md, \"Frameworks\").")
 
 
+# The fields only some job kinds take (besides model, cluster, kind and search, which every kind takes): a body
+# with a field its kind does not take is a 422 naming the field, never a field silently ignored.
+PLAN_FIELDS = ("tokens", "devices_min", "devices_max", "devices_step", "deadline_days", "price_per_device_hour",
+               "global_batch_tokens")
+RL_FIELDS = ("algorithm", "prompts_per_step", "responses_per_prompt", "prompt_length", "response_length",
+             "max_response_length", "reference", "critic", "stale_sync")
+_TRAINING = ("precision", "moe_load_imbalance", "seq_length")
+KIND_FIELDS = {"search": ("devices", "global_batch_size", *_TRAINING), "plan": (*PLAN_FIELDS, *_TRAINING),
+               "rl": ("devices", *RL_FIELDS)}
+KIND_REQUIRED = {"search": ("devices", "global_batch_size"), "rl": ("devices",)}
+
+
+def _kind_errors(data) -> list[dict]:
+    """Validation errors of a raw body's kind: fields it needs but lacks (``missing``), fields of other kinds it
+    carries (``kind_field``)."""
+    from pydantic_core import PydanticCustomError
+
+    kind = data.get("kind", "search") if isinstance(data, dict) else None
+    if not isinstance(kind, str) or kind not in KIND_FIELDS:
+        return []  # not an object, or a kind not known (or not a string): the field validation names it
+    errors = [{"type": "missing", "loc": (name,), "input": data}
+              for name in KIND_REQUIRED.get(kind, ()) if data.get(name) is None]
+    for name in dict.fromkeys(f for fields in KIND_FIELDS.values() for f in fields):
+        if name not in KIND_FIELDS[kind] and data.get(name) is not None:
+            takers = " and ".join(k for k, fields in KIND_FIELDS.items() if name in fields)
+            errors.append({"type": PydanticCustomError("kind_field", "{kind} jobs do not take this field (a field "
+                                                       "of {takers} jobs)", {"kind": kind, "takers": takers}),
+                           "loc": (name,), "input": data[name]})
+    return errors
+
+
 class JobCreate(BaseModel):
     """A search job (the inputs of `paraplan search`), or with `"kind": "plan"` a capacity plan (the inputs of
-    `paraplan plan`: `tokens` and the optional plan fields; `devices` and `global_batch_size` not needed)."""
+    `paraplan plan`: `tokens` and the optional plan fields; `devices` and `global_batch_size` not needed), or with
+    `"kind": "rl"` an RL post-training plan (the inputs of `paraplan rl`: `devices` and the optional workload
+    fields). A field of another kind is a 422 naming it."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{
         "model": "pangu-ultra-moe-718b", "cluster": "ascend-910b", "devices": 6144,
@@ -84,11 +118,14 @@ class JobCreate(BaseModel):
 
     model: str | dict[str, Any] = MODEL_FIELD
     cluster: str | dict[str, Any] = CLUSTER_FIELD
-    kind: Literal["search", "plan"] = Field("search", description="`search` (the default) or `plan`: a capacity "
-                                                                  "plan over device counts (README, \"Capacity "
-                                                                  "planning\"); its result is the job's `plan`.")
+    kind: Literal["search", "plan", "rl"] = Field(
+        "search", description="`search` (the default); `plan`: a capacity plan over device counts (README, "
+                              "\"Capacity planning\"), its result the job's `plan`; `rl`: the best co-located and "
+                              "disaggregated plan of an RL post-training step (README, \"RL post-training\"), its "
+                              "result the job's `rl`.")
     devices: int | None = Field(None, ge=1, le=MAX_DEVICES, description="Number of devices (at most "
-                                "PARAPLAN_MAX_DEVICES). Required for a search.", examples=[6144])
+                                "PARAPLAN_MAX_DEVICES). Required for a search and an rl job.",
+                                examples=[6144])
     global_batch_size: int | None = Field(None, ge=1, le=MAX_GLOBAL_BATCH_SIZE, description="Sequences per step "
                                           "(at most 100,000,000, as in a config). Required for a search.",
                                           examples=[7680])
@@ -105,6 +142,23 @@ class JobCreate(BaseModel):
                                               description="Plan: tokens per step held across counts (default: "
                                                           "the preset's published batch, else 4M).")
     precision: Literal["bf16", "fp8"] = Field("bf16", description="`fp8` needs a profile FP8 peak.")
+    algorithm: Literal["grpo", "ppo"] | None = Field(None, description="RL: `grpo` (the default: reference on, no "
+                                                                        "critic) or `ppo` (reference and critic).")
+    prompts_per_step: int | None = Field(None, ge=1, le=MAX_GLOBAL_BATCH_SIZE, description="RL: prompts per step "
+                                         "(default 384).", examples=[384])
+    responses_per_prompt: int | None = Field(None, ge=1, le=MAX_GLOBAL_BATCH_SIZE, description="RL: responses per "
+                                             "prompt (default 32; GRPO needs at least 2).", examples=[32])
+    prompt_length: int | None = Field(None, ge=1, le=MAX_SEQ_LENGTH, description="RL: prompt tokens (default 1024).")
+    response_length: int | None = Field(None, ge=1, le=MAX_SEQ_LENGTH, description="RL: tokens generated per "
+                                        "response, the mean (default 2048).")
+    max_response_length: int | None = Field(None, ge=1, le=MAX_SEQ_LENGTH, description="RL: the longest response "
+                                            "(default: every response is `response_length`); at least "
+                                            "`response_length`.")
+    reference: bool | None = Field(None, description="RL: the reference model's log-prob pass (default: the "
+                                                     "algorithm's, on for both).")
+    critic: bool | None = Field(None, description="RL: train a critic (default: the algorithm's; PPO needs one).")
+    stale_sync: bool | None = Field(None, description="RL: one step of staleness, the pools of a disaggregated plan "
+                                                      "overlap (default false).")
     moe_load_imbalance: float | None = Field(None, ge=MIN_MOE_LOAD_IMBALANCE, le=MAX_MOE_LOAD_IMBALANCE,
                                             description="max/mean routed tokens per EP rank; default 1.15.")
     seq_length: int | None = Field(None, ge=1, le=MAX_SEQ_LENGTH, description="Override the model's "
@@ -113,21 +167,19 @@ class JobCreate(BaseModel):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _search_needs_devices(cls, data, handler):
-        """A search (the default kind) needs ``devices`` and ``global_batch_size``: reported as missing fields
-        beside any other field's error, as when they were required fields."""
-        missing = []
-        if isinstance(data, dict) and data.get("kind", "search") == "search":
-            missing = [{"type": "missing", "loc": (name,), "input": data}
-                       for name in ("devices", "global_batch_size") if data.get(name) is None]
+    def _fields_of_the_kind(cls, data, handler):
+        """A search (the default kind) needs ``devices`` and ``global_batch_size``, an rl job ``devices``:
+        reported as missing fields beside any other field's error, as when they were required fields; a field
+        of another kind is an error naming it (``_kind_errors``)."""
+        errors = _kind_errors(data)
         try:
             job = handler(data)
         except ValidationError as exc:
-            if not missing:
+            if not errors:
                 raise
-            raise ValidationError.from_exception_data(exc.title, exc.errors() + missing) from None
-        if missing:
-            raise ValidationError.from_exception_data(cls.__name__, missing)
+            raise ValidationError.from_exception_data(exc.title, exc.errors() + errors) from None
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
         return job
 
 
@@ -146,9 +198,12 @@ class ResolvedSearch(SearchOptions):
     framework: Literal["megatron", "mindspeed"] | None = Field(
         None, description="The framework planned for (the default resolved at submission); null for jobs submitted "
                           "before frameworks existed, which searched every option.", examples=["mindspeed"])
-    kind: Literal["search", "plan"] | None = Field(None, description="`plan` for a plan job (absent: a search).")
+    kind: Literal["search", "plan", "rl"] | None = Field(None, description="`plan` for a plan job, `rl` for an rl "
+                                                                        "job (absent: a search).")
     plan: dict[str, Any] | None = Field(None, description="A plan job's plan fields (tokens, devices_min, ...) "
                                                           "with the precision, imbalance, margin and framework.")
+    rl: dict[str, Any] | None = Field(None, description="An rl job's options: its `workload` (every field resolved, "
+                                                        "defaults included), margin and framework.")
 
 
 class JobInputs(BaseModel):
@@ -159,7 +214,8 @@ class JobInputs(BaseModel):
     profile_version: str = Field(description="Hash of the profile used (facts and calibrated factors).",
                                  examples=["4f6c1a0e9b2d"])
     devices: int = Field(description="A plan job: its largest device count.")
-    global_batch_size: int = Field(description="A plan job: 0 (the plan holds the batch in tokens).")
+    global_batch_size: int = Field(description="A plan job: 0 (the plan holds the batch in tokens); an rl job: the "
+                                               "samples per step (prompts × responses), the training batch.")
     precision: str
     moe_load_imbalance: float | None
     search: ResolvedSearch
@@ -183,9 +239,12 @@ class JobSummary(BaseModel):
 
 
 class JobOut(BaseModel):
-    kind: Literal["search", "plan"] = Field("search", description="What the job runs.")
+    kind: Literal["search", "plan", "rl"] = Field("search", description="What the job runs.")
     plan: dict[str, Any] | None = Field(None, description="A succeeded `plan` job's plan, as `paraplan plan "
                                                           "--json` prints it; null otherwise.")
+    rl: dict[str, Any] | None = Field(None, description="A succeeded `rl` job's result, as `paraplan rl --json` "
+                                                        "prints it (`colocated`, `disaggregated`, `best`: null where "
+                                                        "no plan fits, the job still `succeeded`); null otherwise.")
     id: str = Field(description="A UUID.", examples=["0b5c8c52-3c2e-4a53-9f43-3f3f7f2a8f10"])
     status: Status = Field(description="`queued` → `running` → `succeeded` | `failed` | `cancelled`.")
     progress: Progress

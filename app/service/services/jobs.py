@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, defer
 from app.formats.results import FACT_HUGE, FACT_TINY, degenerate_facts
 from app.service.core.config import Settings
 from app.service.db.models import FINISHED, Job, JobConfig, JobLease, utcnow
-from app.service.schemas.jobs import JobCreate
+from app.service.schemas.jobs import PLAN_FIELDS, RL_FIELDS, JobCreate
 from costmodel import ClusterProfile
 from costmodel.result import PARAPLAN_VERSION
 from search import SpaceError, build_space, validate_fixed
@@ -65,12 +65,9 @@ def _check_caps(body: JobCreate, settings: Settings) -> None:
         raise invalid(["body", "search", "timeout_s"], f"at most {settings.max_timeout_s:g} s", "less_than_equal")
 
 
-PLAN_FIELDS = ("tokens", "devices_min", "devices_max", "devices_step", "deadline_days", "price_per_device_hour",
-               "global_batch_tokens")
-
-
 def request_hash(body: JobCreate) -> str:
-    data = body.model_dump(mode="json")
+    # the rl fields a body leaves out are not hashed: search and plan bodies hash as before rl jobs existed
+    data = {k: v for k, v in body.model_dump(mode="json").items() if not (k in RL_FIELDS and v is None)}
     if data.get("kind") == "search":  # a search body hashes as before plan jobs existed (stored keys still replay)
         data = {k: v for k, v in data.items() if k != "kind" and not (k in PLAN_FIELDS and v is None)}
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -82,16 +79,15 @@ def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None 
     the cluster already resolved (a profile version, read from the database), else ``body.cluster``'s."""
     if body.kind == "plan":
         return prepare_plan(body, settings, profile)
+    if body.kind == "rl":
+        return prepare_rl(body, settings, profile)
     for name in ("devices", "global_batch_size"):
         if getattr(body, name) is None:
             raise invalid(["body", name], "Field required (a search job needs it)", "missing")
     _check_caps(body, settings)
     spec = resolve_model(body.model, body.seq_length)
     profile = profile if profile is not None else resolve_cluster(body.cluster)
-    if bad := degenerate_facts(profile):  # issue 19: ranked configs with null times, "feasible"
-        name, value = next(iter(bad.items()))
-        raise invalid(["body", "cluster", "facts", name], f"{value:g} is beyond any real device ({FACT_TINY:g} "
-                                                         f"to {FACT_HUGE:g}): the evaluations would not be finite")
+    _check_facts(profile)
     s = body.search
     if body.precision == "fp8" and not profile.has_fp8:
         raise invalid(["body", "precision"], f"fp8 needs an FP8 peak, which profile {profile.name} does not have")
@@ -140,6 +136,15 @@ def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None 
     }
 
 
+def _check_facts(profile: ClusterProfile) -> None:
+    """422 naming the first fact of the profile beyond any real device (issue 19: ranked configs with null
+    times, "feasible")."""
+    if bad := degenerate_facts(profile):
+        name, value = next(iter(bad.items()))
+        raise invalid(["body", "cluster", "facts", name], f"{value:g} is beyond any real device ({FACT_TINY:g} "
+                                                         f"to {FACT_HUGE:g}): the evaluations would not be finite")
+
+
 def plan_request(job_or_body_fields: dict, spec, profile):
     """The planner's request from a plan job's stored options (``search["plan"]``)."""
     from search.capacity import PlanRequest
@@ -150,7 +155,8 @@ def plan_request(job_or_body_fields: dict, spec, profile):
                        deadline_days=o.get("deadline_days"), price_per_device_hour=o.get("price_per_device_hour"),
                        global_batch_tokens=o.get("global_batch_tokens"), precision=o.get("precision", "bf16"),
                        moe_load_imbalance=o.get("moe_load_imbalance"),
-                       memory_margin_gib=o["memory_margin_gib"], framework=o.get("framework"))
+                       memory_margin_gib=o["memory_margin_gib"], framework=o.get("framework"),
+                       fixed=o.get("fixed"))
 
 
 def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | None = None) -> dict:
@@ -170,15 +176,20 @@ def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | 
         raise invalid(["body", "precision"], f"fp8 needs an FP8 peak, which profile {profile.name} does not have")
     if (problem := margin_problem(s.memory_margin_gib, profile.fact("memory_gib"))) is not None:
         raise invalid(["body", "search", "memory_margin_gib"], problem)
+    check_config_ints(s.fixed, ["body", "search", "fixed"])
+    check_layout(s.fixed.get("pipeline_layout"), ["body", "search", "fixed", "pipeline_layout"])
     options = {**{k: getattr(body, k) for k in PLAN_FIELDS}, "precision": body.precision,
                "moe_load_imbalance": body.moe_load_imbalance, "memory_margin_gib": s.memory_margin_gib,
-               "framework": s.framework or default_framework(profile.name)}
+               "framework": s.framework or default_framework(profile.name), "fixed": dict(s.fixed)}
     try:
         req = plan_request(options, spec, profile).resolved()
         counts = device_counts(req.devices_min, req.devices_max, req.devices_step,
                                int(profile.fact("devices_per_node")))
     except PlanError as exc:
         raise invalid(["body", exc.field], exc.reason) from None
+    except SpaceError as exc:  # a pin search.fixed cannot hold
+        raise _space_error(exc) from None
+    check_stages(spec, req.fixed.get("pp"), req.fixed.get("vpp"), ["body", "search", "fixed"])
     search = {**s.model_dump(mode="json"), "kind": "plan", "plan": options, "seed": 0, "engine": "plan",
               "space_size": len(counts), "framework": options["framework"], "parallel_workers": 1}
     return {"model_spec": spec.model_dump(mode="json"), "cluster_name": profile.name,
@@ -186,6 +197,63 @@ def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | 
             "devices": counts[-1], "global_batch_size": 0, "precision": body.precision,
             "moe_load_imbalance": body.moe_load_imbalance, "search": search, "paraplan_version": PARAPLAN_VERSION,
             "trials_total": len(counts)}
+
+
+def rl_workload(body: JobCreate):
+    """The rl job's workload from its body: ``paraplan rl``'s defaults (``app.formats.rl.DEFAULTS``) for the
+    fields left out; 422 naming the field on ``workload``'s ``InputError``."""
+    from app.formats.errors import InputError
+    from app.formats.rl import DEFAULTS, workload
+
+    given = {k: getattr(body, k) for k in RL_FIELDS if getattr(body, k) is not None}
+    try:
+        return workload(**{**DEFAULTS, **given})
+    except InputError as exc:
+        raise invalid(["body", exc.field], exc.reason) from None
+
+
+def rl_request(options: dict, devices: int, spec, profile):
+    """The RL search request from an rl job's stored options (``search["rl"]``)."""
+    from costmodel.rl import Workload
+    from search.rl import RLRequest
+
+    return RLRequest(spec=spec, profile=profile, devices=devices, workload=Workload(**options["workload"]),
+                     framework=options["framework"], memory_margin_gib=options["memory_margin_gib"])
+
+
+def prepare_rl(body: JobCreate, settings: Settings, profile: ClusterProfile | None = None) -> dict:
+    """An rl job's inputs, checked and resolved (422 naming the field): the checks of ``paraplan rl``, and the
+    service's device cap and search-space bound; ``profile`` as in ``prepare``. Its progress counts training
+    searches: the co-located one and one per disaggregated split (``search.rl.run_rl_search``)."""
+    from dataclasses import asdict
+
+    from costmodel.hardware import Hardware
+    from search.rl import splits
+
+    if body.devices > settings.max_devices:
+        raise invalid(["body", "devices"], f"at most {settings.max_devices:,} devices", "less_than_equal")
+    wl = rl_workload(body)
+    spec = resolve_model(body.model)
+    profile = profile if profile is not None else resolve_cluster(body.cluster)
+    _check_facts(profile)
+    s = body.search
+    if (problem := margin_problem(s.memory_margin_gib, profile.fact("memory_gib"))) is not None:
+        raise invalid(["body", "search", "memory_margin_gib"], problem)
+    training = spec.model_copy(update={"seq_length": wl.seq_length})
+    if grid_estimate(training, profile, body.devices, {}, False) > GRID_CAP:
+        raise invalid(["body", "devices"], "the training search space of this model on this many devices is too "
+                                           "large for the service")
+    options = {"workload": asdict(wl), "memory_margin_gib": s.memory_margin_gib,
+               "framework": s.framework or default_framework(profile.name)}
+    req = rl_request(options, body.devices, spec, profile)
+    total = 1 + len(splits(req, Hardware.from_profile(profile)))
+    search = {**s.model_dump(mode="json"), "kind": "rl", "rl": options, "seed": 0, "engine": "rl",
+              "space_size": total, "framework": options["framework"], "parallel_workers": 1}
+    return {"model_spec": spec.model_dump(mode="json"), "cluster_name": profile.name,
+            "cluster_profile": profile.model_dump(mode="json"), "profile_version": profile.version(),
+            "devices": body.devices, "global_batch_size": wl.samples, "precision": "bf16",
+            "moe_load_imbalance": None, "search": search, "paraplan_version": PARAPLAN_VERSION,
+            "trials_total": total}
 
 
 # Idempotency-Keys whose first request is being created in this process (issue 19): a concurrent duplicate
@@ -474,13 +542,12 @@ def to_out(job: Job, best: JobConfig | None) -> dict:
     model = {k: v for k, v in job.model_spec.items() if v is not None}
     total = max(int(job.trials_total or 0), 0)
     summary = job.summary
-    plan = None
-    if summary is not None and "plan" in summary:
-        plan = summary["plan"]
-        summary = {k: v for k, v in summary.items() if k != "plan"}
+    results = {k: (summary or {}).get(k) for k in ("plan", "rl")}  # a plan or rl job's result, in its summary
+    if summary is not None:
+        summary = {k: v for k, v in summary.items() if k not in results}
     return {
         "kind": (job.search or {}).get("kind", "search"),
-        "plan": plan,
+        **results,
         "id": job.id,
         "status": job.status,
         "progress": {"trials_done": min(int(job.trials_done or 0), total), "trials_total": total},

@@ -21,9 +21,8 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.formats.calibration import published_runs, refit
+from app.formats.calibration import published_runs, refit, score_problem
 from app.formats.errors import InputError
-from app.formats.results import evaluate
 from app.formats.validation import Run, parse_run
 from app.service.db.models import Measurement, ProfileVersion
 from costmodel import ClusterProfile
@@ -57,10 +56,8 @@ def checked_run(cluster: str, body: dict) -> dict:
     check_config_for(spec, resolve_config(body["config"]))
     data = {k: v for k, v in {**body, "cluster": cluster}.items() if not (k == "source" and v is None)}
     run = _parsed(data)
-    result = evaluate(run.spec, named_cluster(cluster), run.devices, run.config)
-    if result["tokens_per_s_per_device"] is None:
-        reasons = "; ".join(r["message"] for r in result["infeasible_reasons"])
-        raise invalid(["body", "config"], f"cannot be scored on {cluster}: {reasons}")
+    if (problem := score_problem(run, named_cluster(cluster))) is not None:
+        raise invalid(["body", "config"], problem)
     return data
 
 

@@ -177,7 +177,9 @@ def delete_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = Dep
             description="One self-contained HTML page (Plotly inlined, no network needed): the inputs, the top configs' "
                         "time breakdown and per-stage memory against capacity, throughput against peak memory with "
                         "the Pareto front, the optimisation history (sampler jobs: read from the job's Optuna study) "
-                        "and a table of the top configs; as `paraplan report`. 409 until the job has succeeded.",
+                        "and a table of the top configs; as `paraplan report`. A `plan` job's page shows its plan, an "
+                        "`rl` job's its two plans' step timelines and per-phase peak memory. 409 until the job has "
+                        "succeeded.",
             responses={200: {"content": {"text/html": {}}, "description": "The report."},
                        **text_route({**AUTH_ERRORS, **NOT_FOUND,
                                      409: error_doc("The job has not succeeded (queued, running, failed or "
@@ -189,11 +191,14 @@ def get_report(job_id: JobId, scope: str = Depends(api_scope), db: Session = Dep
     from app.service.services.report import job_result
 
     job = service.get(db, job_id, owner=scope)
-    if (job.search or {}).get("kind") == "plan":  # a plan job: the plan's page (app/formats/plan_report.py)
+    kind = (job.search or {}).get("kind")
+    if kind in ("plan", "rl"):  # the plan's page (app/formats/plan_report.py), the RL plan's (rl_report.py)
         from app.formats.plan_report import render_plan_report
+        from app.formats.rl_report import render_rl_report
         from app.service.services.report import not_finished
 
         if job.status != "succeeded":
             raise not_finished(job)
-        return HTMLResponse(render_plan_report(job.summary["plan"]))
+        render = render_plan_report if kind == "plan" else render_rl_report
+        return HTMLResponse(render(job.summary[kind]))
     return HTMLResponse(render_report(job_result(db, job, settings.database_url)))
