@@ -74,6 +74,18 @@ def request_hash(body: JobCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _check_training_options(body: JobCreate, profile: ClusterProfile) -> None:
+    """What a search and a plan job check alike before a search space is built (422 naming the field): fp8
+    needs the profile's FP8 peak, the margin must fit the device, and the pins must be well-formed."""
+    s = body.search
+    if body.precision == "fp8" and not profile.has_fp8:
+        raise invalid(["body", "precision"], f"fp8 needs an FP8 peak, which profile {profile.name} does not have")
+    if (problem := margin_problem(s.memory_margin_gib, profile.fact("memory_gib"))) is not None:
+        raise invalid(["body", "search", "memory_margin_gib"], problem)
+    check_config_ints(s.fixed, ["body", "search", "fixed"])
+    check_layout(s.fixed.get("pipeline_layout"), ["body", "search", "fixed", "pipeline_layout"])
+
+
 def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None = None) -> dict:
     """Check and resolve a job's inputs (the 422s happen here, before anything is stored); ``profile``:
     the cluster already resolved (a profile version, read from the database), else ``body.cluster``'s."""
@@ -89,12 +101,7 @@ def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None 
     profile = profile if profile is not None else resolve_cluster(body.cluster)
     _check_facts(profile)
     s = body.search
-    if body.precision == "fp8" and not profile.has_fp8:
-        raise invalid(["body", "precision"], f"fp8 needs an FP8 peak, which profile {profile.name} does not have")
-    if (problem := margin_problem(s.memory_margin_gib, profile.fact("memory_gib"))) is not None:
-        raise invalid(["body", "search", "memory_margin_gib"], problem)
-    check_config_ints(s.fixed, ["body", "search", "fixed"])
-    check_layout(s.fixed.get("pipeline_layout"), ["body", "search", "fixed", "pipeline_layout"])
+    _check_training_options(body, profile)
     try:
         fixed = validate_fixed(dict(s.fixed), body.global_batch_size)
     except SpaceError as exc:
@@ -172,12 +179,7 @@ def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | 
     spec = resolve_model(body.model, body.seq_length)
     profile = profile if profile is not None else resolve_cluster(body.cluster)
     s = body.search
-    if body.precision == "fp8" and not profile.has_fp8:
-        raise invalid(["body", "precision"], f"fp8 needs an FP8 peak, which profile {profile.name} does not have")
-    if (problem := margin_problem(s.memory_margin_gib, profile.fact("memory_gib"))) is not None:
-        raise invalid(["body", "search", "memory_margin_gib"], problem)
-    check_config_ints(s.fixed, ["body", "search", "fixed"])
-    check_layout(s.fixed.get("pipeline_layout"), ["body", "search", "fixed", "pipeline_layout"])
+    _check_training_options(body, profile)
     options = {**{k: getattr(body, k) for k in PLAN_FIELDS}, "precision": body.precision,
                "moe_load_imbalance": body.moe_load_imbalance, "memory_margin_gib": s.memory_margin_gib,
                "framework": s.framework or default_framework(profile.name), "fixed": dict(s.fixed)}
