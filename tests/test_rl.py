@@ -232,6 +232,7 @@ BASE = ("--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices", "16
     (("--algorithm", "ppo", "--no-critic"), "critic"),
     (("--prompt-length", "200000000"), "prompt_length"),
     (("--response-length", "500", "--max-response-length", "400"), "max_response_length"),
+    (("--fix", "tp=two"), "fix.tp"), (("--fix", "nope=1"), "fix.nope"),
 ])
 def test_bad_rl_inputs_exit_2_naming_the_field(extra, field):
     r = _run(*BASE, *extra)

@@ -56,6 +56,26 @@ def test_rl_job_equals_run_rl_search(job):
     assert inputs["model_spec"]["name"] == "tiny-moe"
 
 
+def test_an_rl_job_pins_the_training_side_as_paraplan_rl_fix_does(server):
+    body = {**RL_JOB, "search": {"fixed": {"tp": 2}, "seed": 5}}
+    with server.client() as c:
+        r = c.post("/v1/jobs", json=body)
+        assert r.status_code == 202, r.text
+        job = wait_for(c, r.json()["id"], timeout=120)
+    assert job["status"] == "succeeded", job
+    got = job["rl"]
+    assert got["inputs"]["fixed"] == {"tp": 2} and got["inputs"]["seed"] == 5
+    for mode in ("colocated", "disaggregated"):
+        if got[mode] is not None:
+            assert got[mode]["training"]["config"]["tp"] == 2
+    cli = run_cli("rl", "--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices", "16",
+                  *[a for k, v in WORKLOAD.items() for a in (f"--{k.replace('_', '-')}", str(v))],
+                  "--fix", "tp=2", "--seed", "5", "--json")
+    assert cli.returncode == 0, cli.stderr
+    assert _without_time(got) == _without_time(json.loads(cli.stdout))
+    assert json.loads(cli.stdout)["inputs"]["fixed"] == {"tp": 2}
+
+
 def test_rl_job_progress_counts_training_searches(job):
     settled = 1 + len(job["rl"]["splits"])  # the co-located search and one per split (searched or bounded out)
     assert job["progress"] == {"trials_done": settled, "trials_total": settled}
@@ -102,6 +122,8 @@ def test_rl_job_defaults_are_the_cli_defaults(server):
     ({"precision": "fp8"}, ["body", "precision"]),
     ({"model": "nope"}, ["body", "model"]),
     ({"search": {"memory_margin_gib": 80.0}}, ["body", "search", "memory_margin_gib"]),
+    ({"search": {"fixed": {"tp": "two"}}}, ["body", "search", "fixed", "tp"]),
+    ({"search": {"fixed": {"no_such_field": 1}}}, ["body", "search", "fixed", "no_such_field"]),
 ])
 def test_bad_rl_bodies_are_422_naming_the_field(server, patch, loc):
     body = {k: v for k, v in {**RL_JOB, **patch}.items() if v is not None}

@@ -3,6 +3,8 @@ raises ``InputError`` naming the first bad one."""
 
 from __future__ import annotations
 
+import json
+
 from costmodel.rl import ALGORITHMS, Workload
 
 from .bounds import MAX_GLOBAL_BATCH_SIZE, MAX_SEQ_LENGTH, int_problem
@@ -73,9 +75,11 @@ def rl_inputs(spec, profile, devices: int, wl: Workload, model_label) -> dict:
 
 def rl_result(req, model_label, progress=None, check=None) -> dict:
     """What ``paraplan rl --json`` prints (and an ``rl`` job's result) for ``req`` (a ``search.rl.RLRequest``):
-    ``{"inputs", **run_rl_search}``; ``progress(done, total)`` counts training searches, ``check()`` may raise
+    ``{"inputs", **run_rl_search}``, the inputs with the training pins (``fixed``) and the ``seed``; ``progress(done, total)`` counts training searches, ``check()`` may raise
     to stop."""
     from search.rl import run_rl_search
 
     result = run_rl_search(req, progress, check)
-    return {"inputs": rl_inputs(req.spec, req.profile, req.devices, req.workload, model_label), **result}
+    inputs = {**rl_inputs(req.spec, req.profile, req.devices, req.workload, model_label),
+              "fixed": json.loads(json.dumps(req.fixed, default=str)), "seed": req.seed}
+    return {"inputs": inputs, **result}

@@ -7,6 +7,7 @@ import sys
 import click
 from rich.table import Table
 
+from search import SpaceError, validate_fixed
 from search.rl import RLRequest
 
 from app.formats.bounds import flag_problems
@@ -33,11 +34,15 @@ EXIT_NO_FIT = 3
 @click.option("--reference/--no-reference", default=None, help="Reference-model log-prob pass (default: the algorithm's).")
 @click.option("--critic/--no-critic", default=None, help="Train a critic (default: the algorithm's).")
 @click.option("--stale-sync", is_flag=True, help="Allow one step of staleness: the two pools of a disaggregated plan overlap.")
+@click.option("--fix", "fix", multiple=True, metavar="KEY=VALUE",
+              help="Pin a field of the training config (repeatable), as in `paraplan search`.")
+@click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True,
+              help="Seed of the training searches' sampler (spaces too big to enumerate).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def rl(model, cluster, devices, algorithm, prompts_per_step, responses_per_prompt, prompt_length, response_length,
-       max_response_length, reference, critic, stale_sync, as_json) -> None:
+       max_response_length, reference, critic, stale_sync, fix, seed, as_json) -> None:
     """Plan RL post-training: rollout + training, co-located (RL Fusion) or on two pools."""
-    from app.cli.main import _fail, _print_json, err, out
+    from app.cli.main import _fail, _parse_fix, _print_json, err, out
 
     try:
         for name, problem in flag_problems(devices=devices):
@@ -47,9 +52,13 @@ def rl(model, cluster, devices, algorithm, prompts_per_step, responses_per_promp
                       reference, critic, stale_sync, max_response_length)
         spec = load_model(model)
         profile = load_cluster(cluster)
+        fixed = validate_fixed(_parse_fix(fix), wl.samples)
     except InputError as exc:
         _fail(exc)
-    result = rl_result(RLRequest(spec=spec, profile=profile, devices=devices, workload=wl), model)
+    except SpaceError as exc:
+        _fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
+    result = rl_result(RLRequest(spec=spec, profile=profile, devices=devices, workload=wl, fixed=fixed, seed=seed),
+                       model)
     if as_json:
         _print_json(result)
     else:

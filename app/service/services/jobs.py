@@ -76,14 +76,25 @@ def request_hash(body: JobCreate) -> str:
 
 def _check_training_options(body: JobCreate, profile: ClusterProfile) -> None:
     """What a search and a plan job check alike before a search space is built (422 naming the field): fp8
-    needs the profile's FP8 peak, the margin must fit the device, and the pins must be well-formed."""
-    s = body.search
+    needs the profile's FP8 peak, and the margin must fit the device."""
     if body.precision == "fp8" and not profile.has_fp8:
         raise invalid(["body", "precision"], f"fp8 needs an FP8 peak, which profile {profile.name} does not have")
-    if (problem := margin_problem(s.memory_margin_gib, profile.fact("memory_gib"))) is not None:
+    if (problem := margin_problem(body.search.memory_margin_gib, profile.fact("memory_gib"))) is not None:
         raise invalid(["body", "search", "memory_margin_gib"], problem)
+
+
+def _training_pins(body: JobCreate, spec, global_batch_size: int) -> dict:
+    """``search.fixed`` checked and typed through the config schema (422 naming the field): the pins of a
+    search job, or of an rl job's training side."""
+    s = body.search
     check_config_ints(s.fixed, ["body", "search", "fixed"])
     check_layout(s.fixed.get("pipeline_layout"), ["body", "search", "fixed", "pipeline_layout"])
+    try:
+        fixed = validate_fixed(dict(s.fixed), global_batch_size)
+    except SpaceError as exc:
+        raise _space_error(exc) from None
+    check_stages(spec, fixed.get("pp"), fixed.get("vpp"), ["body", "search", "fixed"])
+    return fixed
 
 
 def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None = None) -> dict:
@@ -102,11 +113,7 @@ def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None 
     _check_facts(profile)
     s = body.search
     _check_training_options(body, profile)
-    try:
-        fixed = validate_fixed(dict(s.fixed), body.global_batch_size)
-    except SpaceError as exc:
-        raise _space_error(exc) from None
-    check_stages(spec, fixed.get("pp"), fixed.get("vpp"), ["body", "search", "fixed"])
+    fixed = _training_pins(body, spec, body.global_batch_size)
     if grid_estimate(spec, profile, body.devices, fixed, s.allow_cross_domain_tp) > GRID_CAP:
         raise invalid(["body", "devices"], "the search space of this model on this many devices is too large for "
                                            "the service; pin some dimensions with search.fixed")
@@ -180,6 +187,8 @@ def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | 
     profile = profile if profile is not None else resolve_cluster(body.cluster)
     s = body.search
     _check_training_options(body, profile)
+    check_config_ints(s.fixed, ["body", "search", "fixed"])  # typed by the planner, per count's batch
+    check_layout(s.fixed.get("pipeline_layout"), ["body", "search", "fixed", "pipeline_layout"])
     options = {**{k: getattr(body, k) for k in PLAN_FIELDS}, "precision": body.precision,
                "moe_load_imbalance": body.moe_load_imbalance, "memory_margin_gib": s.memory_margin_gib,
                "framework": s.framework or default_framework(profile.name), "fixed": dict(s.fixed)}
@@ -220,7 +229,8 @@ def rl_request(options: dict, devices: int, spec, profile):
     from search.rl import RLRequest
 
     return RLRequest(spec=spec, profile=profile, devices=devices, workload=Workload(**options["workload"]),
-                     framework=options["framework"], memory_margin_gib=options["memory_margin_gib"])
+                     framework=options["framework"], memory_margin_gib=options["memory_margin_gib"],
+                     fixed=dict(options.get("fixed", {})), seed=options.get("seed", 0))
 
 
 def prepare_rl(body: JobCreate, settings: Settings, profile: ClusterProfile | None = None) -> dict:
@@ -242,14 +252,16 @@ def prepare_rl(body: JobCreate, settings: Settings, profile: ClusterProfile | No
     if (problem := margin_problem(s.memory_margin_gib, profile.fact("memory_gib"))) is not None:
         raise invalid(["body", "search", "memory_margin_gib"], problem)
     training = spec.model_copy(update={"seq_length": wl.seq_length})
-    if grid_estimate(training, profile, body.devices, {}, False) > GRID_CAP:
+    fixed = _training_pins(body, training, wl.samples)
+    if grid_estimate(training, profile, body.devices, fixed, False) > GRID_CAP:
         raise invalid(["body", "devices"], "the training search space of this model on this many devices is too "
                                            "large for the service")
     options = {"workload": asdict(wl), "memory_margin_gib": s.memory_margin_gib,
-               "framework": s.framework or default_framework(profile.name)}
+               "framework": s.framework or default_framework(profile.name),
+               "fixed": json.loads(json.dumps(fixed, default=str)), "seed": 0 if s.seed is None else s.seed}
     req = rl_request(options, body.devices, spec, profile)
     total = 1 + len(splits(req, Hardware.from_profile(profile)))
-    search = {**s.model_dump(mode="json"), "kind": "rl", "rl": options, "seed": 0, "engine": "rl",
+    search = {**s.model_dump(mode="json"), "kind": "rl", "rl": options, "seed": options["seed"], "engine": "rl",
               "space_size": total, "framework": options["framework"], "parallel_workers": 1}
     return {"model_spec": spec.model_dump(mode="json"), "cluster_name": profile.name,
             "cluster_profile": profile.model_dump(mode="json"), "profile_version": profile.version(),
