@@ -69,6 +69,8 @@ def test_a_plan_job_pins_search_fixed_at_every_count_as_plan_fix_does(server):
     ({"model": "nope"}, ["body", "model"]),
     ({"search": {"framework": "megatron", "fixed": {"tp": "two"}}}, ["body", "search", "fixed", "tp"]),
     ({"search": {"framework": "megatron", "fixed": {"no_such_field": 1}}}, ["body", "search", "fixed", "no_such_field"]),
+    ({"search": {"framework": "megatron", "n_trials": 50}}, ["body", "search", "n_trials"]),  # plans enumerate
+    ({"search": {"framework": "megatron", "seed": 1}}, ["body", "search", "seed"]),
 ])
 def test_bad_plan_bodies_are_422_naming_the_field(server, patch, loc):
     body = {k: v for k, v in {**PLAN_JOB, **patch}.items() if v is not None}

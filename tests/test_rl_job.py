@@ -124,6 +124,7 @@ def test_rl_job_defaults_are_the_cli_defaults(server):
     ({"search": {"memory_margin_gib": 80.0}}, ["body", "search", "memory_margin_gib"]),
     ({"search": {"fixed": {"tp": "two"}}}, ["body", "search", "fixed", "tp"]),
     ({"search": {"fixed": {"no_such_field": 1}}}, ["body", "search", "fixed", "no_such_field"]),
+    ({"search": {"sampler": "tpe"}}, ["body", "search", "sampler"]),  # a search job's option, not read here
 ])
 def test_bad_rl_bodies_are_422_naming_the_field(server, patch, loc):
     body = {k: v for k, v in {**RL_JOB, **patch}.items() if v is not None}

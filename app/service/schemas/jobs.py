@@ -85,6 +85,10 @@ _TRAINING = ("precision", "moe_load_imbalance", "seq_length")
 KIND_FIELDS = {"search": ("devices", "global_batch_size", *_TRAINING), "plan": (*PLAN_FIELDS, *_TRAINING),
                "rl": ("devices", *RL_FIELDS)}
 KIND_REQUIRED = {"search": ("devices", "global_batch_size"), "rl": ("devices",)}
+# The `search` options a kind's runs do not read (a plan is one exhaustive search per count; an rl job's
+# training searches take the request's sampler, top 3 and seed): given, they are a 422 naming them.
+_SAMPLING = ("sampler", "n_trials", "top_k", "timeout_s", "parallel_workers", "allow_cross_domain_tp")
+KIND_UNUSED_OPTIONS = {"search": (), "plan": (*_SAMPLING, "seed"), "rl": _SAMPLING}
 
 
 def _kind_errors(data) -> list[dict]:
@@ -103,6 +107,12 @@ def _kind_errors(data) -> list[dict]:
             errors.append({"type": PydanticCustomError("kind_field", "{kind} jobs do not take this field (a field "
                                                        "of {takers} jobs)", {"kind": kind, "takers": takers}),
                            "loc": (name,), "input": data[name]})
+    options = data.get("search")
+    for name in KIND_UNUSED_OPTIONS[kind] if isinstance(options, dict) else ():
+        if name in options:
+            errors.append({"type": PydanticCustomError("kind_option", "{kind} jobs do not use this search option "
+                                                       "(only search jobs do)", {"kind": kind}),
+                           "loc": ("search", name), "input": options[name]})
     return errors
 
 
