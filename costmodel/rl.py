@@ -13,10 +13,11 @@ The step of ``prompts_per_step · responses_per_prompt`` samples:
 3. **training** on the samples: the existing training cost model (``evaluate``) with
    ``global_batch_size`` = samples and ``seq_length`` = prompt + response; PPO trains a critic of the
    same architecture and layout too;
-4. **hand-over**: co-located, the switch (weights resharded from the training to the rollout layout,
-   the trainer's states offloaded to the host and back when the plan offloads them, the reference
-   weights loaded from the host); disaggregated, the weights sent from the training pool to the rollout
-   pool. With ``stale_sync`` (one step of staleness, Huawei's StaleSync, NeMo-RL's async GRPO) the two
+4. **hand-over**: co-located, the switch (the refit: every full weight tensor gathered on every device,
+   as NeMo-RL's ``export_hf_weights`` and verl's ``per_tensor_generator`` do, plus per-tensor host work;
+   vLLM's level-1 sleep copying the engine's weights to the host and back; the trainer's states offloaded
+   to the host and back when the plan offloads them; the reference weights loaded from the host);
+   disaggregated, the full weights gathered and broadcast from the training pool to every rollout rank. With ``stale_sync`` (one step of staleness, Huawei's StaleSync, NeMo-RL's async GRPO) the two
    pools overlap: step = max(rollout, training side) + sync; else the sum.
 
 Arrays run over rollout configs (tp, ep, offload), one training evaluation at a time; times seconds,
@@ -251,7 +252,7 @@ def weight_sync_s(spec: ModelSpec, hw: Hardware, tp, rollout_devices: int, train
     The two run in turn, bucket by bucket, and each tensor pays the per-tensor host work
     (``refit_tensors_s``). Measured for DeepSeek-V3 with training TP1/PP16/EP16 and vLLM TP32: 14.21 s
     (NeMo-RL docs/guides/checkpoint-engine-refit.md, NCCL column, not used to set the per-tensor cost);
-    this prices 7.1 s of transfers + 7.7 s of tensors = 14.8 s."""
+    this prices about 7.1 s of transfers + 7.7 s of tensors: 14.9 s (README; the parts are rounded)."""
     full = inference.full_weight_bytes(spec) + 0.0 * np.asarray(tp)
     gather = comm.all_gather_s(full, 1, np.asarray(train_devices), hw)
     return gather + broadcast_s(full, rollout_devices + train_devices, hw) + refit_tensors_s(spec)

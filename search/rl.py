@@ -26,6 +26,7 @@ from costmodel.hardware import Hardware
 from .engine import SearchRequest, run_search
 from .frameworks import default_framework
 from .margin import DEFAULT_MEMORY_MARGIN_GIB
+from .space import SpaceError
 
 MODES = ("colocated", "disaggregated")
 DEFAULT_TRAINING_TOP_K = 3
@@ -94,13 +95,17 @@ def evaluate_plan(req: RLRequest, mode: str, config: dict, tp: int, ep: int = 1,
 
 def training_candidates(req: RLRequest, devices: int, check: CheckFn | None = None) -> list[dict]:
     """The top configs of the training search on ``devices`` (``{"config", "evaluation"}``), [] where
-    none fits."""
+    none fits, or where the pins leave no config on this many devices (a split's pool may be too small for
+    pins the whole pool takes)."""
     framework = req.framework or default_framework(req.profile.name)
     sreq = SearchRequest(spec=req.training_spec, profile=req.profile, devices=devices,
                          global_batch_size=req.workload.samples, sampler=req.sampler, top_k=req.training_top_k,
                          framework=framework, memory_margin_gib=req.memory_margin_gib, fixed=dict(req.fixed),
                          seed=req.seed)
-    result = run_search(sreq, check=check)
+    try:
+        result = run_search(sreq, check=check)
+    except SpaceError:
+        return []
     return [{"config": e["config"], "evaluation": e["evaluation"]} for e in result["top"]]
 
 

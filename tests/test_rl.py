@@ -286,3 +286,12 @@ def test_a_sampled_rl_search_repeats_and_stops_when_checked(preset, round_profil
 
     with pytest.raises(Stop):
         run_rl_search(req, check=check)
+
+
+def test_pins_a_split_pool_cannot_take_leave_that_split_without_a_plan(preset, round_profile):
+    # cp 16 fits the 16-device co-located pool but no 8-device split pool: that split has no plan, the
+    # search goes on (it used to die with the space's SpaceError)
+    req = RLRequest(spec=preset("tiny-moe"), profile=round_profile, devices=16, workload=rl.Workload(8, 4, 128, 256),
+                    training_top_k=1, fixed={"cp": 16})
+    out = run_rl_search(req)
+    assert out["disaggregated"] is None and all(row["step_time_s"] is None for row in out["splits"])

@@ -126,6 +126,7 @@ BAD = {
     "capacity": (lambda d: d[d["best"]["mode"]]["memory"].pop("capacity_gib"), [], "{mode}.memory.capacity_gib"),
     "workload": (lambda d: d["inputs"].pop("workload"), [], "inputs.workload"),
     "config": (lambda d: d[d["best"]["mode"]]["training"]["config"].update(tp=3), [], "{mode}.training.config"),
+    "rank": (lambda d: None, ["--rank", "2"], "rank"),  # a search's option: an RL plan is chosen with --mode
 }
 
 

@@ -64,7 +64,7 @@ def test_an_rl_job_pins_the_training_side_as_paraplan_rl_fix_does(server):
         job = wait_for(c, r.json()["id"], timeout=120)
     assert job["status"] == "succeeded", job
     got = job["rl"]
-    assert got["inputs"]["fixed"] == {"tp": 2} and got["inputs"]["seed"] == 5
+    assert got["inputs"]["fixed"] == {"tp": 2} and got["inputs"]["seed"] == 5 and got["best"] is not None
     for mode in ("colocated", "disaggregated"):
         if got[mode] is not None:
             assert got[mode]["training"]["config"]["tp"] == 2
@@ -125,6 +125,7 @@ def test_rl_job_defaults_are_the_cli_defaults(server):
     ({"search": {"fixed": {"tp": "two"}}}, ["body", "search", "fixed", "tp"]),
     ({"search": {"fixed": {"no_such_field": 1}}}, ["body", "search", "fixed", "no_such_field"]),
     ({"search": {"sampler": "tpe"}}, ["body", "search", "sampler"]),  # a search job's option, not read here
+    ({"search": {"fixed": {"ep": 16}}}, ["body", "search", "fixed"]),  # tiny-moe has 8 experts: no config takes it
 ])
 def test_bad_rl_bodies_are_422_naming_the_field(server, patch, loc):
     body = {k: v for k, v in {**RL_JOB, **patch}.items() if v is not None}

@@ -121,7 +121,8 @@ def gpu_memory_utilization(mode: str, plan: dict, wl: dict) -> float:
     kept = kept_states_gib(mode, plan, wl)
     used = (_number(mem, "rollout_peak_gib", where) - kept) / capacity
     budget = _number(plan["rollout"], "memory_fraction", f"{mode}.rollout") - kept / capacity
-    return min(math.ceil(used / FRACTION_STEP - 1e-9) * FRACTION_STEP, max(budget, used))
+    rounded = math.ceil(used / FRACTION_STEP - 1e-9) * FRACTION_STEP
+    return rounded if used > budget else min(rounded, budget)  # printed to 3 places: never below the peak
 
 
 def _positive_int(part: dict, key: str, where: str) -> int:

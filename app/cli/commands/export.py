@@ -77,7 +77,7 @@ def _scale_up_domain(cluster) -> int | None:
 @click.command()
 @click.argument("result_file", metavar="RESULT.json", required=False)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="Training framework.")
-@click.option("--rank", type=int, default=1, show_default=True, help="Which ranked config.")
+@click.option("--rank", type=int, default=None, help="Which ranked config of a search (default 1; not for an RL plan).")
 @click.option("--mode", type=click.Choice(RL_MODES), default=None,
               help="An RL plan (`paraplan rl --json`, an rl job): which mode's plan (default: the best).")
 @click.option("--server", default=None, help="ParaPlan server URL (with --job).")
@@ -86,7 +86,7 @@ def _scale_up_domain(cluster) -> int | None:
 def export(result_file, fmt, rank, mode, server, job_id, api_key) -> None:
     """Print a ranked config as Megatron-LM or MindSpeed-LLM training arguments; an RL plan as its training
     arguments and its rollout engine's vLLM / vLLM-Ascend arguments."""
-    if rank < 1:
+    if rank is not None and rank < 1:
         _die("rank", "must be a positive integer")
     if (result_file is None) == (server is None):
         _die("RESULT.json", "give either RESULT.json or --server URL --job ID")
@@ -108,7 +108,7 @@ def _read(result_file: str):
         _die("RESULT.json", f"not valid JSON ({exc})")
 
 
-def _export_result(result, fmt: str, rank: int, mode: str | None) -> None:
+def _export_result(result, fmt: str, rank: int | None, mode: str | None) -> None:
     """Print the arguments of a result (a search's config ``rank``, or an RL plan's ``mode``)."""
     from app.formats.inputs import InputError
     from app.formats.rl import is_rl
@@ -116,11 +116,13 @@ def _export_result(result, fmt: str, rank: int, mode: str | None) -> None:
 
     try:
         if is_rl(result):
+            if rank is not None:
+                raise InputError("rank", "only for a search result: an RL plan is chosen with --mode")
             text, env = export_rl(result, fmt, mode, _scale_up_domain((result.get("inputs") or {}).get("cluster")))
         elif mode is not None:
             raise InputError("mode", "only for an RL plan (what `paraplan rl --json` prints)")
         else:
-            tokens = args_from_result(result, rank, fmt)
+            tokens = args_from_result(result, rank or 1, fmt)
             text, env = format_args(tokens), launch_env(tokens)
     except InputError as exc:
         _die(exc.field, exc.reason)
@@ -150,7 +152,8 @@ def _get(server: str, path: str, api_key: str | None, **params):
     return resp
 
 
-def _export_job(server: str, job_id: str, api_key: str | None, fmt: str, rank: int, mode: str | None) -> None:
+def _export_job(server: str, job_id: str, api_key: str | None, fmt: str, rank: int | None,
+                mode: str | None) -> None:
     """A server job's arguments: an rl job's from its result (as from its file), a search job's from
     ``GET /v1/jobs/{id}/configs/{rank}/launch``."""
     job = _get(server, f"/v1/jobs/{job_id}", api_key).json()
@@ -161,7 +164,7 @@ def _export_job(server: str, job_id: str, api_key: str | None, fmt: str, rank: i
         return
     if mode is not None:
         _die("mode", f"only for an RL plan; job {job_id} is a {job.get('kind', 'search')} job")
-    resp = _get(server, f"/v1/jobs/{job_id}/configs/{rank}/launch", api_key, format=fmt)
+    resp = _get(server, f"/v1/jobs/{job_id}/configs/{rank or 1}/launch", api_key, format=fmt)
     click.echo(resp.text, nl=False)
     env = dict(item.split("=", 1) for item in resp.headers.get(ENV_HEADER, "").split() if "=" in item)
     if env:

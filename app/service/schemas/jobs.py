@@ -109,7 +109,7 @@ def _kind_errors(data) -> list[dict]:
                            "loc": (name,), "input": data[name]})
     options = data.get("search")
     for name in KIND_UNUSED_OPTIONS[kind] if isinstance(options, dict) else ():
-        if name in options:
+        if options.get(name) is not None:  # null counts as absent, as at the top level
             errors.append({"type": PydanticCustomError("kind_option", "{kind} jobs do not use this search option "
                                                        "(only search jobs do)", {"kind": kind}),
                            "loc": ("search", name), "input": options[name]})

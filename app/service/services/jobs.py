@@ -185,6 +185,7 @@ def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | 
             raise invalid(["body", name], f"at most {settings.max_devices:,} devices", "less_than_equal")
     spec = resolve_model(body.model, body.seq_length)
     profile = profile if profile is not None else resolve_cluster(body.cluster)
+    _check_facts(profile)
     s = body.search
     _check_training_options(body, profile)
     check_config_ints(s.fixed, ["body", "search", "fixed"])  # typed by the planner, per count's batch
@@ -200,6 +201,9 @@ def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | 
         raise invalid(["body", exc.field], exc.reason) from None
     except SpaceError as exc:  # a pin search.fixed cannot hold
         raise _space_error(exc) from None
+    if req.devices_max > settings.max_devices:  # the default range's top too, not only a given one
+        raise invalid(["body", "devices_max"], f"{req.devices_max:,} is above the service's {settings.max_devices:,} "
+                                               "devices (PARAPLAN_MAX_DEVICES)", "less_than_equal")
     check_stages(spec, req.fixed.get("pp"), req.fixed.get("vpp"), ["body", "search", "fixed"])
     search = {**s.model_dump(mode="json"), "kind": "plan", "plan": options, "seed": 0, "engine": "plan",
               "space_size": len(counts), "framework": options["framework"], "parallel_workers": 1}
@@ -249,15 +253,18 @@ def prepare_rl(body: JobCreate, settings: Settings, profile: ClusterProfile | No
     profile = profile if profile is not None else resolve_cluster(body.cluster)
     _check_facts(profile)
     s = body.search
-    if (problem := margin_problem(s.memory_margin_gib, profile.fact("memory_gib"))) is not None:
-        raise invalid(["body", "search", "memory_margin_gib"], problem)
+    _check_training_options(body, profile)
     training = spec.model_copy(update={"seq_length": wl.seq_length})
     fixed = _training_pins(body, training, wl.samples)
     if grid_estimate(training, profile, body.devices, fixed, False) > GRID_CAP:
         raise invalid(["body", "devices"], "the training search space of this model on this many devices is too "
                                            "large for the service")
-    options = {"workload": asdict(wl), "memory_margin_gib": s.memory_margin_gib,
-               "framework": s.framework or default_framework(profile.name),
+    framework = s.framework or default_framework(profile.name)
+    try:  # pins no config on all the devices takes are a 422 now, not a failed job later
+        build_space(training, profile, body.devices, wl.samples, fixed=fixed, framework=framework)
+    except SpaceError as exc:
+        raise _space_error(exc) from None
+    options = {"workload": asdict(wl), "memory_margin_gib": s.memory_margin_gib, "framework": framework,
                "fixed": json.loads(json.dumps(fixed, default=str)), "seed": 0 if s.seed is None else s.seed}
     req = rl_request(options, body.devices, spec, profile)
     total = 1 + len(splits(req, Hardware.from_profile(profile)))
