@@ -54,8 +54,7 @@ def _space_error(exc: SpaceError):
 
 def _check_caps(body: JobCreate, settings: Settings) -> None:
     s = body.search
-    if body.devices > settings.max_devices:
-        raise invalid(["body", "devices"], f"at most {settings.max_devices:,} devices", "less_than_equal")
+    _check_device_cap("devices", body.devices, settings)
     if s.n_trials > settings.max_trials:
         raise invalid(["body", "search", "n_trials"], f"at most {settings.max_trials:,} trials per job "
                                                       "(PARAPLAN_MAX_TRIALS)", "less_than_equal")
@@ -109,8 +108,7 @@ def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None 
             raise invalid(["body", name], "Field required (a search job needs it)", "missing")
     _check_caps(body, settings)
     spec = resolve_model(body.model, body.seq_length)
-    profile = profile if profile is not None else resolve_cluster(body.cluster)
-    _check_facts(profile)
+    profile = _job_profile(body, profile)
     s = body.search
     _check_training_options(body, profile)
     fixed = _training_pins(body, spec, body.global_batch_size)
@@ -150,6 +148,20 @@ def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None 
     }
 
 
+def _check_device_cap(name: str, devices: int, settings: Settings) -> None:
+    """422 at ``["body", name]`` for a device count above the service's cap (PARAPLAN_MAX_DEVICES)."""
+    if devices > settings.max_devices:
+        raise invalid(["body", name], f"at most {settings.max_devices:,} devices", "less_than_equal")
+
+
+def _job_profile(body: JobCreate, profile: ClusterProfile | None) -> ClusterProfile:
+    """The job's profile: ``profile`` when the caller resolved it (a profile version), else ``body.cluster``'s;
+    422 for facts beyond any real device."""
+    profile = profile if profile is not None else resolve_cluster(body.cluster)
+    _check_facts(profile)
+    return profile
+
+
 def _check_facts(profile: ClusterProfile) -> None:
     """422 naming the first fact of the profile beyond any real device (issue 19: ranked configs with null
     times, "feasible")."""
@@ -181,11 +193,10 @@ def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | 
     if body.tokens is None:
         raise invalid(["body", "tokens"], "Field required (a plan job needs it)", "missing")
     for name in ("devices_min", "devices_max"):
-        if (v := getattr(body, name)) is not None and v > settings.max_devices:
-            raise invalid(["body", name], f"at most {settings.max_devices:,} devices", "less_than_equal")
+        if (v := getattr(body, name)) is not None:
+            _check_device_cap(name, v, settings)
     spec = resolve_model(body.model, body.seq_length)
-    profile = profile if profile is not None else resolve_cluster(body.cluster)
-    _check_facts(profile)
+    profile = _job_profile(body, profile)
     s = body.search
     _check_training_options(body, profile)
     check_config_ints(s.fixed, ["body", "search", "fixed"])  # typed by the planner, per count's batch
@@ -201,9 +212,7 @@ def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | 
         raise invalid(["body", exc.field], exc.reason) from None
     except SpaceError as exc:  # a pin search.fixed cannot hold
         raise _space_error(exc) from None
-    if req.devices_max > settings.max_devices:  # the default range's top too, not only a given one
-        raise invalid(["body", "devices_max"], f"{req.devices_max:,} is above the service's {settings.max_devices:,} "
-                                               "devices (PARAPLAN_MAX_DEVICES)", "less_than_equal")
+    _check_device_cap("devices_max", req.devices_max, settings)  # the default range's top too
     check_stages(spec, req.fixed.get("pp"), req.fixed.get("vpp"), ["body", "search", "fixed"])
     search = {**s.model_dump(mode="json"), "kind": "plan", "plan": options, "seed": 0, "engine": "plan",
               "space_size": len(counts), "framework": options["framework"], "parallel_workers": 1}
@@ -246,12 +255,10 @@ def prepare_rl(body: JobCreate, settings: Settings, profile: ClusterProfile | No
     from costmodel.hardware import Hardware
     from search.rl import splits
 
-    if body.devices > settings.max_devices:
-        raise invalid(["body", "devices"], f"at most {settings.max_devices:,} devices", "less_than_equal")
+    _check_device_cap("devices", body.devices, settings)
     wl = rl_workload(body)
     spec = resolve_model(body.model)
-    profile = profile if profile is not None else resolve_cluster(body.cluster)
-    _check_facts(profile)
+    profile = _job_profile(body, profile)
     s = body.search
     _check_training_options(body, profile)
     training = spec.model_copy(update={"seq_length": wl.seq_length})
