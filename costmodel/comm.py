@@ -24,7 +24,7 @@ def members_per_domain(stride, size, hw: Hardware) -> np.ndarray:
 def scale_up_bandwidth(peers_in_domain, hw: Hardware) -> np.ndarray:
     """Scale-up bandwidth a device reaches towards ``peers_in_domain`` other group members: all of it
     behind a switch (NVSwitch, UB), one pair link per peer in a full mesh (HCCS on Atlas 800T A2)."""
-    if hw.scale_up_link_bytes_per_s <= 0:
+    if np.all(hw.scale_up_link_bytes_per_s <= 0):
         return np.full(np.shape(peers_in_domain), hw.scale_up_bytes_per_s)
     return np.minimum(hw.scale_up_bytes_per_s, np.maximum(peers_in_domain, 1) * hw.scale_up_link_bytes_per_s)
 

@@ -215,14 +215,16 @@ STAGE_KEYS = ("stage_peak_bytes", "stage_states_bytes", "stage_act_microbatch_by
 
 
 def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: ConfigBatch,
-                   all_stages: bool = False, keep_stages: bool = True) -> BatchResult:
+                   all_stages: bool = False, keep_stages: bool = True, hw: Hardware | None = None) -> BatchResult:
     """Score every config of ``b`` for ``spec`` on ``devices`` devices of ``profile``.
 
     Invalid configs get finite placeholder numbers, masked by ``valid``; nothing raises for a bad
     config. ``all_stages`` keeps every pipeline stage in the per-stage arrays (for reports);
     ``keep_stages=False`` returns no per-stage arrays at all (searches: only the peak matters, and
-    not writing (N, K) outputs saves a fifth of the time)."""
-    hw = Hardware.from_profile(profile)
+    not writing (N, K) outputs saves a fifth of the time). ``hw``: the profile's hardware with its
+    efficiency factors given per config (arrays of len(b)), to score many candidate factor sets in
+    one call (``hardware_profiles.calibrate``); the profile's own when None."""
+    hw = Hardware.from_profile(profile) if hw is None else hw
     rules = validity.check(spec, b, devices, profile.has_fp8, profile.has_host_link)
     st = pipeline.stage_sets(spec, b, all_stages=all_stages)
     broken = {r.code: r.broken for r in rules}
