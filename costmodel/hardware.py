@@ -41,33 +41,45 @@ class Hardware:
     host_memory_bytes: float = 0.0
 
     @classmethod
-    def from_profile(cls, p: ClusterProfile) -> "Hardware":
+    def from_profile(cls, p: ClusterProfile, factors: dict | None = None) -> "Hardware":
+        """The profile's hardware; ``factors`` overrides efficiency factors by their profile key, with
+        scalars or with arrays of one value per config (a calibration scoring many candidate factor
+        sets at once: every formula takes them element-wise)."""
+        factors = factors or {}
+
+        def eff(key: str, unset: float | None = None):
+            # ``unset``: the value of a factor the profile leaves at 0 or null (no such effect measured)
+            if key in factors:
+                return factors[key]
+            v = p.eff(key)
+            return unset if unset is not None and not v else v
+
         return cls(
             peak_bf16_flops=p.fact("peak_bf16_tflops") * 1e12,
             peak_fp8_flops=(p.fact("peak_fp8_tflops") or 0.0) * 1e12,
             memory_bytes=p.fact("memory_gib") * GIB,
-            hbm_bytes_per_s=p.fact("hbm_bandwidth_gbps") * 1e9 * p.eff("hbm_eff"),
+            hbm_bytes_per_s=p.fact("hbm_bandwidth_gbps") * 1e9 * eff("hbm_eff"),
             devices_per_node=int(p.fact("devices_per_node")),
             scale_up_domain=int(p.fact("scale_up_domain")),
-            scale_up_bytes_per_s=p.fact("scale_up_bandwidth_gbps") * 1e9 * p.eff("scale_up_bw_eff"),
-            scale_out_bytes_per_s=p.fact("scale_out_bandwidth_gbps") * 1e9 * p.eff("scale_out_bw_eff"),
-            scale_up_link_bytes_per_s=(p.facts["scale_up_link_gbps"].value or 0.0) * 1e9 * p.eff("scale_up_bw_eff")
+            scale_up_bytes_per_s=p.fact("scale_up_bandwidth_gbps") * 1e9 * eff("scale_up_bw_eff"),
+            scale_out_bytes_per_s=p.fact("scale_out_bandwidth_gbps") * 1e9 * eff("scale_out_bw_eff"),
+            scale_up_link_bytes_per_s=(p.facts["scale_up_link_gbps"].value or 0.0) * 1e9 * eff("scale_up_bw_eff")
             if "scale_up_link_gbps" in p.facts else 0.0,
             scale_up_latency_s=p.fact("scale_up_latency_us") * 1e-6,
             scale_out_latency_s=p.fact("scale_out_latency_us") * 1e-6,
             framework_overhead_bytes=p.fact("framework_overhead_gib") * GIB,
-            gemm_eff_max=p.eff("gemm_eff_max"),
-            gemm_half_flops=p.eff("gemm_half_gflop") * 1e9,
-            attn_eff=p.eff("attn_eff"),
-            fp8_gemm_eff_ratio=p.eff("fp8_gemm_eff_ratio") or 1.0,
-            tp_overlap=p.eff("tp_overlap"),
-            ep_overlap=p.eff("ep_overlap"),
-            dp_overlap=p.eff("dp_overlap"),
-            layer_overhead_s=p.eff("layer_overhead_us") * 1e-6,
-            softmax_scores_per_s=p.eff("softmax_gscores_per_s") * 1e9,
-            moe_gemm_eff_ratio=p.eff("moe_gemm_eff_ratio") or 1.0,
-            pp_chunk_overhead_s=p.eff("pp_chunk_overhead_us") * 1e-6,
-            straggler_cv=p.eff("straggler_cv"),
+            gemm_eff_max=eff("gemm_eff_max"),
+            gemm_half_flops=eff("gemm_half_gflop") * 1e9,
+            attn_eff=eff("attn_eff"),
+            fp8_gemm_eff_ratio=eff("fp8_gemm_eff_ratio", 1.0),
+            tp_overlap=eff("tp_overlap"),
+            ep_overlap=eff("ep_overlap"),
+            dp_overlap=eff("dp_overlap"),
+            layer_overhead_s=eff("layer_overhead_us") * 1e-6,
+            softmax_scores_per_s=eff("softmax_gscores_per_s") * 1e9,
+            moe_gemm_eff_ratio=eff("moe_gemm_eff_ratio", 1.0),
+            pp_chunk_overhead_s=eff("pp_chunk_overhead_us") * 1e-6,
+            straggler_cv=eff("straggler_cv"),
             host_bytes_per_s=(p.fact("host_link_bandwidth_gbps") * 1e9 / p.fact("host_link_devices")
                               if p.has_host_link else 0.0),
             host_memory_bytes=p.fact("host_memory_gib") * GIB if p.has_host_link else 0.0,

@@ -313,6 +313,9 @@ class Fact(BaseModel):
     value: float | None
     source: str
     confidence: Literal["high", "medium", "low"] | None = None
+    # A fitted efficiency factor that ends at one of its bounds (hardware_profiles/calibrate.py BOUNDS)
+    # stays there only with the physical reason written here; `paraplan validate` reports the others.
+    bound_reason: str | None = None
 
 
 EFFICIENCY_KEYS = (

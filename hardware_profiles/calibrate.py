@@ -1,24 +1,36 @@
-"""Fitting a profile's efficiency factors on training runs (``scripts/calibrate.py``, ``paraplan calibrate``).
+"""Fitting a profile's efficiency factors on training runs (``scripts/calibrate.py``, ``paraplan calibrate``,
+``paraplan validate --cv``).
 
 A handful of physically meaningful factors (GEMM efficiency curve, attention efficiency, achievable
 bandwidth fractions, overlap fractions, per-layer launch overhead, stragglers) are fitted to minimise
-the mean absolute relative error of tokens/s per device, with a weak pull towards the profile's
-current factors so that factors the runs cannot see stay where the datasheets, benchmarks or an
-earlier calibration put them. Never a factor per run, per model or per source. Runs are duck-typed:
-``name``, ``spec``, ``config``, ``devices``, ``reported`` (``app.formats.validation.Run``). Needs
-scipy (the ``calibrate`` extra).
+the mean absolute relative error of tokens/s per device, with a pull towards the profile's current
+factors (the priors: datasheets, benchmarks) so that factors the runs cannot see stay where those put
+them. Never a factor per run, per model or per source. Runs are duck-typed: ``name``, ``spec``,
+``config``, ``devices``, ``reported``, and ``source`` for the cross-validation
+(``app.formats.validation.Run``).
+
+The fit is fast because it never builds a profile per candidate: the scorer takes the efficiency
+factors as arrays, one value per config, so each run is scored once per generation for a whole
+population of candidate factor sets (``RunScorer``), and a CMA-ES (the ``cmaes`` package, Optuna's
+own CMA-ES backend) moves the population. A fit of one device takes seconds, which is what lets
+leave-one-source-out cross-validation (``cross_validate``) run inside the test suite.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
+import multiprocessing
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from costmodel import ConfigBatch, evaluate_batch
+from costmodel.hardware import Hardware
 from costmodel.spec import ClusterProfile
 
 from . import raw
@@ -32,6 +44,7 @@ class Fit:
     before: np.ndarray
     after: np.ndarray
     objective: str
+    at_bound: dict[str, str] = field(default_factory=dict)  # factor -> "lower" | "upper"
 
     @property
     def mape_before(self) -> float:
@@ -42,10 +55,14 @@ class Fit:
         return float(np.mean(np.abs(self.after)))
 
 
-# (lower, upper) bounds: physical ranges, not fitting conveniences.
+# (lower, upper) bounds: physical ranges, not fitting conveniences. A fitted factor that ends at one is
+# reported (``Fit.at_bound``); a shipped profile keeps it there only with a ``bound_reason`` saying
+# why physically (the fit is then pressing on a limit the physics sets, not on a knob).
 BOUNDS = {
     "gemm_eff_max": (0.4, 0.95),
-    "gemm_half_gflop": (0.05, 50.0),
+    # Size (GFLOP) at which a GEMM reaches half its peak efficiency: tens of MFLOP for the smallest
+    # tiles a kernel library pads to, a few GFLOP for wave quantisation on 100+ compute units.
+    "gemm_half_gflop": (0.05, 10.0),
     "attn_eff": (0.15, 0.75),
     "fp8_gemm_eff_ratio": (0.4, 1.0),
     "hbm_eff": (0.5, 0.95),
@@ -57,17 +74,23 @@ BOUNDS = {
     "layer_overhead_us": (5.0, 2000.0),
     "softmax_gscores_per_s": (200.0, 20000.0),
     # Grouped expert GEMMs reach at least 0.8 of a dense GEMM of the same size (per-expert wave tails
-    # on tens to thousands of tokens per expert); lower fitted values only absorbed the costs of the
-    # MindSpeed-LLM core_r0.6.0 runs' allgather dispatcher, which would then mis-price modern MoE.
+    # on tens to thousands of tokens per expert).
     "moe_gemm_eff_ratio": (0.8, 1.0),
     "pp_chunk_overhead_us": (5.0, 5000.0),
     # Per-replica step-time variation: under 0.2 % is below what any published series resolves, over
     # 5 % would be a broken cluster rather than jitter.
     "straggler_cv": (0.002, 0.05),
 }
-# Pull towards the priors, per factor on (log(value / prior))²: gentle where many runs constrain the
-# factors, firmer for a device with a handful of runs.
-PRIOR_WEIGHT_RUNS = 0.25  # weight = PRIOR_WEIGHT_RUNS / number of runs
+# Pull towards the priors: PRIOR_WEIGHT * mean over factors of (log(value / prior))², added to the MAPE.
+# A factor 2x off its prior costs 0.48 * PRIOR_WEIGHT / (number of factors) of MAPE. Chosen by
+# leave-one-source-out cross-validation on the shared calibration runs (``scripts/calibrate.py
+# --sweep-prior``; docs/accuracy.md): weaker pulls fit the runs better and predict unseen sources worse.
+PRIOR_WEIGHT = 0.05
+# CMA-ES population and stopping: a population of 48 candidate factor sets costs one vectorised call
+# per run, barely more than one candidate (the per-call overhead dominates).
+POPULATION = 48
+MAX_GENERATIONS = 160
+PATIENCE_GENERATIONS = 30  # stop once the best objective has not improved by 1e-5 for this many
 
 
 def scale_series(runs) -> list[list]:
@@ -112,90 +135,244 @@ def _set_factors(base: dict, keys: list[str], values) -> dict:
     return data
 
 
-def _with_factors(base: dict, keys: list[str], values) -> ClusterProfile:
-    return ClusterProfile.model_validate(_set_factors(base, keys, values))
+def run_errors(profile: ClusterProfile, runs) -> np.ndarray:
+    """Relative error of each run under ``profile`` (1.0 for a run it cannot score)."""
+    return RunScorer(profile, runs).errors({})[0]
 
 
-def _errors(profile: ClusterProfile, runs, batches) -> np.ndarray:
-    errs = []
-    for run, batch in zip(runs, batches):
-        res = evaluate_batch(run.spec, profile, run.devices, batch)
-        pred = res.tokens_per_s_per_device[0] if res.valid[0] else np.nan
-        errs.append(pred / run.reported - 1.0 if np.isfinite(pred) else 1.0)
-    return np.array(errs)
+class RunScorer:
+    """The runs of one device, scored for many candidate factor sets per call."""
+
+    def __init__(self, profile: ClusterProfile, runs):
+        self.profile = profile
+        self.runs = list(runs)
+        self.reported = np.array([r.reported for r in self.runs], dtype=float)
+        self._batches: dict[tuple[int, int], ConfigBatch] = {}
+        self.calls = 0  # candidate factor sets scored
+
+    def _batch(self, i: int, n: int) -> ConfigBatch:
+        key = (i, n)
+        if key not in self._batches:
+            self._batches[key] = ConfigBatch.from_configs([self.runs[i].config] * n)
+        return self._batches[key]
+
+    def errors(self, factors: dict[str, np.ndarray], runs: list[int] | None = None) -> np.ndarray:
+        """(candidates, runs) relative errors of tokens/s per device; ``factors`` maps profile keys
+        to arrays of one value per candidate (or scalars: one candidate). A candidate under which a
+        run is invalid or not finite counts |error| 1, as ``paraplan validate`` counts it."""
+        n = max([np.size(v) for v in factors.values()] + [1])
+        hw = Hardware.from_profile(self.profile, {k: np.broadcast_to(np.asarray(v, float), (n,))
+                                                  for k, v in factors.items()})
+        idx = range(len(self.runs)) if runs is None else runs
+        out = np.empty((n, len(idx)))
+        for j, i in enumerate(idx):
+            run = self.runs[i]
+            res = evaluate_batch(run.spec, self.profile, run.devices, self._batch(i, n), keep_stages=False, hw=hw)
+            pred = np.where(res.valid, res.tokens_per_s_per_device, np.nan)
+            err = pred / self.reported[i] - 1.0
+            out[:, j] = np.where(np.isfinite(err), err, 1.0)
+        self.calls += n
+        return out
 
 
 def fit_straggler_cv(base: dict, runs) -> float:
     """``straggler_cv`` from the shape of each scale series alone: the within-series spread of the
     errors, each series' mean removed (the level is what the per-device efficiencies set; only the
-    growth with dp is the stragglers'), least squares over the series."""
+    growth with dp is the stragglers'), least squares over the series. Two log-spaced grids, the
+    second around the first's best point."""
     series = scale_series(runs)
-    batches = [[ConfigBatch.from_configs([r.config]) for r in g] for g in series]
+    profile = ClusterProfile.model_validate(base)
+    scorers = [RunScorer(profile, g) for g in series]
+    lo, hi = BOUNDS["straggler_cv"]
+    grid = np.geomspace(lo, hi, 64)
+    for _ in range(2):
+        spread = sum(((e - e.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+                     for e in (s.errors({"straggler_cv": grid}) for s in scorers))
+        best = int(np.argmin(spread))
+        grid = np.geomspace(grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)], 64)
+    return float(grid[len(grid) // 2]) if len(series) else float(base["efficiency"]["straggler_cv"]["value"])
 
-    def spread(cv):
-        prof = _with_factors(base, ["straggler_cv"], [cv])
-        errs = (_errors(prof, g, b) for g, b in zip(series, batches))
-        return sum(float(np.sum((e - e.mean()) ** 2)) for e in errs)
 
-    from scipy.optimize import minimize_scalar
+def _ask_tell(objective: Callable[[np.ndarray], np.ndarray], dim: int, x0: np.ndarray, *, seed: int,
+              max_evals: int) -> np.ndarray:
+    """Minimise ``objective`` (rows of points in [0, 1]^dim -> values) by CMA-ES from ``x0``; the best
+    point seen."""
+    from cmaes import CMA
 
-    return float(minimize_scalar(spread, bounds=BOUNDS["straggler_cv"], method="bounded",
-                                 options={"xatol": 1e-4}).x)
+    opt = CMA(mean=x0.copy(), sigma=0.15, bounds=np.array([[0.0, 1.0]] * dim), seed=seed,
+              population_size=POPULATION)
+    best_x, best_f = x0.copy(), float(objective(x0[None, :])[0])
+    stale, evals = 0, 1
+    for _ in range(MAX_GENERATIONS):
+        if evals + POPULATION > max_evals or opt.should_stop():
+            break
+        xs = np.array([opt.ask() for _ in range(POPULATION)])
+        fs = objective(xs)
+        evals += len(xs)
+        opt.tell(list(zip(xs, fs)))
+        i = int(np.argmin(fs))
+        if fs[i] < best_f - 1e-5:
+            best_x, best_f, stale = xs[i].copy(), float(fs[i]), 0
+        else:
+            stale += 1
+            if fs[i] < best_f:
+                best_x, best_f = xs[i].copy(), float(fs[i])
+        if stale >= PATIENCE_GENERATIONS:
+            break
+    return best_x
 
 
-def fit(base: dict, runs, *, maxfev: int = 3000, progress: Callable[[int], None] | None = None) -> Fit:
-    """Fit the factors ``runs`` exercise (``factors_seen``), starting from and pulled towards the
-    profile data ``base`` (its current factors are the priors). ``progress(evaluations)`` is called
-    as the optimiser scores candidate factor sets (at most ``maxfev`` of them)."""
+def at_bounds(factors: dict[str, float], rel: float = 0.01) -> dict[str, str]:
+    """The factors within ``rel`` (in log terms) of a bound: ``{key: "lower" | "upper"}``."""
+    out = {}
+    for k, v in factors.items():
+        lo, hi = BOUNDS[k]
+        if np.log(v / lo) < rel * np.log(hi / lo):
+            out[k] = "lower"
+        elif np.log(hi / v) < rel * np.log(hi / lo):
+            out[k] = "upper"
+    return out
+
+
+def fit(base: dict, runs, *, maxfev: int = 8000, progress: Callable[[int], None] | None = None,
+        keys: list[str] | None = None, prior_weight: float = PRIOR_WEIGHT, seed: int = 0) -> Fit:
+    """Fit the factors ``keys`` (default: those ``runs`` exercise, ``factors_seen``), starting from and
+    pulled towards the profile data ``base`` (its current factors are the priors). ``progress(n)`` is
+    called with the number of candidate factor sets scored so far (at most about ``maxfev``)."""
     base = json.loads(json.dumps(base))
     base.pop("calibration", None)
-    keys = factors_seen(runs)
-    batches = [ConfigBatch.from_configs([r.config]) for r in runs]
-    before = _errors(ClusterProfile.model_validate(base), runs, batches)
+    keys = list(factors_seen(runs) if keys is None else keys)
+    before = run_errors(ClusterProfile.model_validate(base), runs)
     # The straggler factor is fitted apart, on the series' shapes, before and after the others: in
     # the MAPE its few-point drift is outweighed by the level of every run, which the efficiencies
-    # fit as well, so a joint fit leaves the drift in place (0.004 against the series' 0.013).
+    # fit as well, so a joint fit leaves the drift in place.
     stragglers = "straggler_cv" in keys
     if stragglers:
         keys.remove("straggler_cv")
         base = _set_factors(base, ["straggler_cv"], [fit_straggler_cv(base, runs)])
-    prior = np.array([base["efficiency"][k]["value"] for k in keys], dtype=float)
-    lo = np.array([BOUNDS[k][0] for k in keys])
-    hi = np.array([BOUNDS[k][1] for k in keys])
-    prior = np.clip(prior, lo, hi)
-    weight = PRIOR_WEIGHT_RUNS / len(runs)
-    calls = [0]
+    lo = np.log([BOUNDS[k][0] for k in keys])
+    hi = np.log([BOUNDS[k][1] for k in keys])
+    prior = np.clip(np.log([base["efficiency"][k]["value"] for k in keys]), lo, hi)
+    scorer = RunScorer(ClusterProfile.model_validate(base), runs)
+    to_log = lambda u: lo + np.clip(u, 0.0, 1.0) * (hi - lo)  # noqa: E731  (unit cube -> log factors)
 
-    # Optimise in log space so factors of very different scales move alike.
-    def objective(z):
-        x = np.exp(np.clip(z, np.log(lo), np.log(hi)))
-        err = _errors(_with_factors(base, keys, x), runs, batches)
-        calls[0] += 1
+    def objective(us: np.ndarray) -> np.ndarray:
+        z = to_log(us)
+        err = scorer.errors({k: np.exp(z[:, j]) for j, k in enumerate(keys)})
         if progress is not None:
-            progress(calls[0])
-        return float(np.mean(np.abs(err)) + weight * np.mean(np.log(x / prior) ** 2))
+            progress(scorer.calls)
+        return np.abs(err).mean(axis=1) + prior_weight * ((z - prior) ** 2).mean(axis=1)
 
-    from scipy.optimize import minimize
-
-    best = minimize(objective, np.log(prior), method="Powell", bounds=list(zip(np.log(lo), np.log(hi))),
-                    options={"maxfev": maxfev, "xtol": 1e-3, "ftol": 1e-5})
-    x = np.exp(np.clip(best.x, np.log(lo), np.log(hi)))
+    u0 = (prior - lo) / (hi - lo)
+    x = np.exp(to_log(_ask_tell(objective, len(keys), u0, seed=seed, max_evals=maxfev))) if keys else np.array([])
     if stragglers:
         cv = fit_straggler_cv(_set_factors(base, keys, x), runs)
         keys, x = keys + ["straggler_cv"], np.append(x, cv)
-    after = _errors(_with_factors(base, keys, x), runs, batches)
-    return Fit(factors={k: float(v) for k, v in zip(keys, x)}, before=before, after=after,
+    factors = {k: float(v) for k, v in zip(keys, x)}
+    after = run_errors(ClusterProfile.model_validate(_set_factors(base, keys, x)), runs)
+    return Fit(factors=factors, before=before, after=after, at_bound=at_bounds(factors),
                objective="mean |predicted/reported - 1| of tokens/s per device + "
-                         f"{weight:.4f} * mean (log(factor/prior))^2")
+                         f"{prior_weight:g} * mean (log(factor/prior))^2")
 
 
-def fit_profile(name: str, runs) -> dict:
+# ---------------------------------------------------------------------------------------------------
+# Leave-one-source-out cross-validation
+
+_REPO = re.compile(r"github\.com/([\w.-]+/[\w.-]+)|\b([A-Za-z][\w-]*/[A-Za-z][\w.-]+)")
+_ARXIV = re.compile(r"arXiv[ :]*(\d{4}\.\d{4,5})", re.IGNORECASE)
+
+
+def source_group(run) -> str:
+    """The source a run is left out with: its repository (``owner/name``) or paper (arXiv id, else the
+    source text before its first comma), and its model family (the model name's leading letters).
+    Runs of one publication and one model family share their scripts, software stack and measurement,
+    so their errors are correlated: cross-validating within such a group would leak. Grouping by the
+    repository alone would leave the Ascend 910B one group (every published 910B run is a
+    MindSpeed-LLM README row)."""
+    src = getattr(run, "source", "") or ""
+    m = _ARXIV.search(src)
+    if m:
+        origin = "arXiv:" + m.group(1)
+    else:
+        m = _REPO.search(src)
+        origin = (m.group(1) or m.group(2)) if m else (src.split(",")[0].strip() or run.name)
+    family = re.match(r"[a-z]*", run.spec.name.lower()).group(0) or run.spec.name.lower()
+    return f"{origin} / {family}"
+
+
+@dataclass
+class CrossValidation:
+    """Each run's error when its source was left out of the fit, and the factors of each fold."""
+
+    errors: dict[str, float]  # run name -> relative error predicted by the fold without its source
+    groups: dict[str, list[str]]  # source -> run names
+    folds: dict[str, dict[str, float]]  # source -> factors fitted without it
+
+    def mape(self, names=None) -> float:
+        vals = [abs(v) for k, v in self.errors.items() if names is None or k in names]
+        return float(np.mean(vals)) if vals else 0.0
+
+
+def _fold(base: dict, train, held, keys: list[str], prior_weight: float, maxfev: int):
+    result = fit(base, train, keys=keys, prior_weight=prior_weight, maxfev=maxfev)
+    errs = run_errors(base_profile(base, result.factors), held)
+    return result.factors, [float(e) for e in errs]
+
+
+def cross_validate(base: dict, runs, *, prior_weight: float = PRIOR_WEIGHT, maxfev: int = 8000,
+                   workers: int | None = None, progress: Callable[[str], None] | None = None) -> CrossValidation:
+    """Leave-one-source-out: refit ``base``'s factors (the same factors the in-sample fit fits, from
+    the same priors) without each source's runs, and score that source's runs with them. The folds run
+    in ``workers`` processes (default: one per core). A device with one source only cannot be
+    cross-validated: its runs get no CV error. ``progress(source)`` is called as each fold ends."""
+    keys = factors_seen(runs)
+    groups: dict[str, list] = {}
+    for r in runs:
+        groups.setdefault(source_group(r), []).append(r)
+    names = {g: [r.name for r in rs] for g, rs in groups.items()}
+    errors: dict[str, float] = {}
+    folds: dict[str, dict[str, float]] = {}
+    if len(groups) < 2:
+        return CrossValidation(errors, names, folds)
+    jobs = {g: (base, [r for r in runs if source_group(r) != g], held, keys, prior_weight, maxfev)
+            for g, held in groups.items()}
+    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    if workers > 1:
+        # fork: the children inherit the parsed runs and the imported cost model
+        ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futures = {pool.submit(_fold, *args): g for g, args in jobs.items()}
+            done = {}
+            for fut in as_completed(futures):
+                done[futures[fut]] = fut.result()
+                if progress is not None:
+                    progress(futures[fut])
+    else:
+        done = {}
+        for g, args in jobs.items():
+            done[g] = _fold(*args)
+            if progress is not None:
+                progress(g)
+    for g in groups:  # in the runs' order, whatever order the folds ended in
+        folds[g], errs = done[g]
+        errors.update(zip(names[g], errs))
+    return CrossValidation(errors, names, folds)
+
+
+def base_profile(base: dict, factors: dict[str, float]) -> ClusterProfile:
+    data = json.loads(json.dumps(base))
+    data.pop("calibration", None)
+    return ClusterProfile.model_validate(_set_factors(data, list(factors), list(factors.values())))
+
+
+def fit_profile(name: str, runs, *, prior_weight: float = PRIOR_WEIGHT) -> dict:
     """The calibration file of shipped profile ``name`` (``calibration/<name>.json``), fitted on
     published ``runs`` from its YAML priors."""
-    result = fit(raw(name), runs)
+    result = fit(raw(name), runs, prior_weight=prior_weight)
     return {
         "profile": name,
         "factors": {k: round(v, 4) for k, v in result.factors.items()},
+        "at_bound": result.at_bound,
         "fitted_on": [r.name for r in runs],
         "precisions": sorted({r.config.precision for r in runs}),
         "moe": any(r.spec.is_moe for r in runs),

@@ -25,7 +25,7 @@ from app.formats.inputs import (InputError, check_config_data, check_config_for_
                                 load_config, load_model)
 from app.formats.results import check_finite
 from app.formats.results import evaluate as evaluate_config
-from app.formats.validation import read_runs, score_runs
+from app.formats.validation import cross_validated, cv_folds, factors_at_bound, read_runs, score_runs
 
 from .console import drop_stdout, longest_word, stdout_console, wrappable
 
@@ -147,40 +147,78 @@ def evaluate(model, cluster, devices, config, seq_length, as_json) -> None:
 @click.argument("runs_file", metavar="RUNS.json")
 @click.option("--json", "as_json", is_flag=True, help="Print the contract's JSON report.")
 @click.option("--worst", default=10, show_default=True, help="How many of the worst runs to list.")
-def validate(runs_file, as_json, worst) -> None:
+@click.option("--cv", "with_cv", is_flag=True,
+              help="Also cross-validate: refit each shipped profile without each source's runs and score "
+                   "that source with the refit (leave-one-source-out; a few minutes).")
+def validate(runs_file, as_json, worst, with_cv) -> None:
     """Score the cost model against published training runs (tokens/s per device)."""
     try:
         runs = read_runs(runs_file)
     except InputError as exc:
         _fail(exc)
     report = score_runs(runs)
+    report["factors_at_bound"] = factors_at_bound(sorted({r["cluster"] for r in report["runs"]}))
+    if with_cv:
+        report["cv"] = _cross_validate_with_progress(runs)
+        for r in report["runs"]:
+            r["cv_error"] = report["cv"]["errors"].get(r["name"])
     if as_json:
-        public = {**report, "runs": [{k: r.get(k) for k in ("name", "cluster", "predicted", "reported",
-                                                              "error", "feasible")} for r in report["runs"]]}
+        keys = ("name", "cluster", "predicted", "reported", "error", "feasible") + (("cv_error",) if with_cv else ())
+        public = {**report, "runs": [{k: r.get(k) for k in keys} for r in report["runs"]]}
+        if with_cv:
+            public["cv"] = {k: v for k, v in report["cv"].items() if k != "errors"}
         _print_json(public)
         return
-    out.print(f"MAPE [b]{report['mape']:.3f}[/b] over {report['count']} runs; "
-              f"{report['infeasible']} predicted not to fit")
+    _validation_tables(report, worst, with_cv)
+
+
+def _cross_validate_with_progress(runs) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    total = cv_folds(runs)
+    if not err.is_terminal:
+        err.print(f"cross-validating: {total} refits (leave-one-source-out)", highlight=False)
+        return cross_validated(runs)
+    with Progress(TextColumn("cross-validating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task("cv", total=total)
+        return cross_validated(runs, progress=lambda cluster, source: bar.advance(task))
+
+
+def _validation_tables(report: dict, worst: int, with_cv: bool) -> None:
+    cv = report.get("cv")
+    head = f"MAPE [b]{report['mape']:.3f}[/b] over {report['count']} runs"
+    if cv:
+        head += f", cross-validated [b]{cv['mape']:.3f}[/b] ({cv['method']})"
+    out.print(head + f"; {report['infeasible']} predicted not to fit")
     t = Table(title="by cluster", title_justify="left")
-    t.add_column("cluster")
-    t.add_column("runs", justify="right")
-    t.add_column("MAPE", justify="right")
+    for col in ("cluster", "runs", "MAPE") + (("CV MAPE",) if cv else ()):
+        t.add_column(col, justify="left" if col == "cluster" else "right")
     for c, v in report["by_cluster"].items():
-        t.add_row(c, str(sum(1 for r in report["runs"] if r["cluster"] == c)), f"{v:.3f}")
+        row = [c, str(sum(1 for r in report["runs"] if r["cluster"] == c)), f"{v:.3f}"]
+        if cv:
+            row.append(_fmt(cv["by_cluster"].get(c), ".3f"))
+        t.add_row(*row)
     out.print(t)
     ranked = sorted(report["runs"], key=lambda r: -(1.0 if r["error"] is None else abs(r["error"])))
     w = Table(title=f"worst {min(worst, len(ranked))} runs", title_justify="left")
     for col, just in (("run", "left"), ("cluster", "left"), ("predicted", "right"), ("reported", "right"),
-                      ("error", "right"), ("fits", "left")):
+                      ("error", "right")) + ((("CV error", "right"),) if cv else ()) + (("fits", "left"),):
         w.add_column(col, justify=just, overflow="fold")
     for r in ranked[:worst]:
-        w.add_row(r["name"], r["cluster"], _fmt(r["predicted"], ",.1f"), f"{r['reported']:,.1f}",
-                  _fmt(r["error"], "+.1%"), "yes" if r["feasible"] else "[red]no[/red]")
+        row = [r["name"], r["cluster"], _fmt(r["predicted"], ",.1f"), f"{r['reported']:,.1f}", _fmt(r["error"], "+.1%")]
+        if cv:
+            row.append(_fmt(r.get("cv_error"), "+.1%"))
+        w.add_row(*row, "yes" if r["feasible"] else "[red]no[/red]")
     out.print(w)
     for r in report["runs"]:
         if r.get("problem") or not r["feasible"]:
             why = r.get("problem") or "; ".join(x["message"] for x in r.get("infeasible_reasons", []))
             out.print(f"  [yellow]{r['name']}[/yellow]: {why}", highlight=False)
+    for cluster, factors in report["factors_at_bound"].items():
+        for k, f in factors.items():
+            why = f["reason"] or "[red]no reason stated in the profile: an effect the model misses?[/red]"
+            out.print(f"  {cluster} {k} = {f['value']:g} at its {f['bound']} bound: {why}", highlight=False)
 
 
 def _parse_fix(items: tuple[str, ...]) -> dict:

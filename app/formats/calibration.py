@@ -74,12 +74,10 @@ def published_figures(start: ClusterProfile, fitted: dict, runs: list[Run]) -> d
     """The published runs' MAPE under the starting and the fitted profile (None without runs)."""
     if not runs:
         return None
-    from costmodel import ConfigBatch
-    from hardware_profiles.calibrate import _errors
+    from hardware_profiles.calibrate import run_errors
 
-    batches = [ConfigBatch.from_configs([r.config]) for r in runs]
-    before = _errors(start, runs, batches)
-    after = _errors(ClusterProfile.model_validate(fitted), runs, batches)
+    before = run_errors(start, runs)
+    after = run_errors(ClusterProfile.model_validate(fitted), runs)
     return {"runs": len(runs), "mape_before": _mape(before), "mape_after": _mape(after)}
 
 

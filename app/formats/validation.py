@@ -29,6 +29,7 @@ class Run:
     config: object = None
     problem: str | None = None  # why the run cannot be scored
     problem_field: str | None = None  # the field of the run to blame for it (``config.tp``)
+    source: str = ""  # where the figure was published (groups runs for cross-validation)
 
 
 def read_runs(path: str | Path) -> list[Run]:
@@ -58,7 +59,8 @@ def parse_run(r, where: str = "") -> Run:
         else None
     if isinstance(rep, bool) or not isinstance(rep, (int, float)) or not rep > 0 or rep == float("inf"):
         raise InputError(at("reported.tokens_per_s_per_device"), "must be a positive number")
-    run = Run(name=str(r["name"]), cluster=str(r["cluster"]), devices=r["devices"], reported=float(rep))
+    run = Run(name=str(r["name"]), cluster=str(r["cluster"]), devices=r["devices"], reported=float(rep),
+              source=str(r.get("source") or ""))
     try:
         run.spec = load_model(r["model"])
         run.config = load_config(r["config"])
@@ -106,3 +108,67 @@ def score_runs(runs: list[Run], profiles: dict[str, ClusterProfile] | None = Non
         "by_cluster": {c: float(np.mean(abs_err([r for r in rows if r["cluster"] == c]))) for c in clusters},
         "infeasible": sum(1 for r in rows if not r["feasible"]),
     }
+
+
+def factors_at_bound(clusters) -> dict:
+    """For each named shipped profile, its efficiency factors that sit at a fitting bound:
+    ``{cluster: {factor: {"value", "bound": "lower"|"upper", "reason": str|None}}}``. A factor at a
+    bound without a reason is the fit pressing on a knob: some effect is missing from the model."""
+    import hardware_profiles
+    from hardware_profiles.calibrate import BOUNDS, at_bounds
+
+    out = {}
+    for name in clusters:
+        if name not in hardware_profiles.names():
+            continue
+        data = hardware_profiles.load_data(name)
+        eff = {k: v["value"] for k, v in data["efficiency"].items() if k in BOUNDS and v.get("value")}
+        prior = hardware_profiles.raw(name)["efficiency"]
+        out[name] = {k: {"value": eff[k], "bound": side, "reason": prior.get(k, {}).get("bound_reason")}
+                     for k, side in at_bounds(eff).items()}
+    return out
+
+
+def cross_validated(runs: list[Run], *, progress=None) -> dict:
+    """Leave-one-source-out cross-validation of the calibration (``hardware_profiles.calibrate``):
+    for each shipped profile with runs, its factors are refitted from its priors without each source,
+    and that source's runs are scored with them. Returns ``{"mape", "by_cluster", "method", "groups",
+    "errors": {run name: error}}``; runs that cannot be scored count |error| = 1, as in the in-sample
+    figures, and a profile that is not shipped (no priors to refit from) is left out."""
+    import hardware_profiles
+    from hardware_profiles.calibrate import cross_validate
+
+    by_cluster: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.cluster in hardware_profiles.names():
+            by_cluster.setdefault(r.cluster, []).append(r)
+    errors: dict[str, float] = {}
+    groups: dict[str, dict[str, list[str]]] = {}
+    for name, rs in sorted(by_cluster.items()):
+        scorable = [r for r in rs if r.problem is None]
+        cv = cross_validate(hardware_profiles.raw(name), scorable,
+                            progress=None if progress is None else (lambda g, n=name: progress(n, g)))
+        errors.update(cv.errors)
+        errors.update({r.name: 1.0 for r in rs if r.problem is not None})
+        groups[name] = cv.groups
+    mape = lambda names: float(np.mean([abs(errors[n]) for n in names])) if names else 0.0  # noqa: E731
+    counted = {c: [r.name for r in rs if r.name in errors] for c, rs in by_cluster.items()}
+    return {
+        "method": "leave-one-source-out (a source: one repository or paper and one model family)",
+        "mape": mape([n for ns in counted.values() for n in ns]),
+        "by_cluster": {c: mape(ns) for c, ns in sorted(counted.items())},
+        "groups": groups,
+        "errors": errors,
+    }
+
+
+def cv_folds(runs: list[Run]) -> int:
+    """How many refits ``cross_validated`` runs (for a progress bar)."""
+    import hardware_profiles
+    from hardware_profiles.calibrate import source_group
+
+    groups = {(r.cluster, source_group(r)) for r in runs if r.problem is None and r.cluster in hardware_profiles.names()}
+    per = {}
+    for c, _ in groups:
+        per[c] = per.get(c, 0) + 1
+    return sum(n for n in per.values() if n >= 2)
