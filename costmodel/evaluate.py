@@ -334,7 +334,7 @@ def _layer_inputs(spec: ModelSpec, hw: Hardware, b: ConfigBatch,
     (Large batches score each distinct combination once: see ``_distinct_layer_inputs``.)"""
     ctx = layers.Context(spec=spec, hw=hw, shapes=shapes, fp8=b.precision == 1, sp=b.sequence_parallel,
                          imbalance=routing.effective_imbalance(b.ep, b.moe_load_imbalance), modules=shapes.modules,
-                         a2a_hierarchical=b.moe_a2a_hierarchical, cp_comm=b.cp_comm,
+                         a2a_hierarchical=b.moe_a2a_hierarchical, dispatcher=b.moe_dispatcher, cp_comm=b.cp_comm,
                          grad_accum_bytes=b.main_grads_bytes.astype(np.int64),
                          expert_replicas=b.moe_expert_replicas.astype(np.int64))
     holds_head = (spec.untie_embeddings_and_output_weights | (b.pp > 1)).astype(np.int64)
