@@ -25,6 +25,10 @@ OFFLOAD_BITS = {m: 1 << i for i, m in enumerate(OFFLOAD_MODULES)}
 DEFAULT_MOE_LOAD_IMBALANCE = 1.15
 NO_VALUE = -1  # integer columns use -1 for "not set"
 CP_COMM_CODES = {"p2p": 0, "a2a": 1, "allgather": 2, "a2a+p2p": 3}
+# moe_token_dispatcher_type: 0 = not stated (an all-to-all, flat or hierarchical by moe_a2a_algorithm, as
+# before the field); flex is priced as the hierarchical all-to-all (moe_a2a_hierarchical set with it).
+DISPATCHER_CODES = {None: 0, "allgather": 1, "alltoall": 2, "alltoall_seq": 3, "flex": 4}
+DISPATCHER_ALLGATHER, DISPATCHER_ALLTOALL_SEQ = DISPATCHER_CODES["allgather"], DISPATCHER_CODES["alltoall_seq"]
 SHARDING_CODES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 # Pipeline schedules: Megatron-Core's 1F1B (vpp 1) and interleaved 1F1B (vpp > 1) share code 0, since
 # vpp tells them apart; DeepSeek's DualPipe and the V-shaped DualPipeV place two chunks on each rank.
@@ -35,7 +39,8 @@ DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 # TrainingConfig's defaults for them (see ``__post_init__``), so a new field never changes what an
 # older caller scores.
 _LATER_COLUMNS = ("moe_a2a_hierarchical", "cp_comm", "main_grads_bytes", "main_params_bytes",
-                  "exp_avg_bytes", "exp_avg_sq_bytes", "schedule", "offload_modules", "moe_expert_replicas")
+                  "exp_avg_bytes", "exp_avg_sq_bytes", "schedule", "offload_modules", "moe_expert_replicas",
+                  "moe_dispatcher")
 
 
 @functools.cache
@@ -92,6 +97,7 @@ class ConfigBatch:
     schedule: np.ndarray | None = None  # SCHEDULE_CODES
     offload_modules: np.ndarray | None = None  # bit mask of OFFLOAD_BITS (0: nothing offloaded)
     moe_expert_replicas: np.ndarray | None = None  # extra expert slots per EP rank (copies of hot experts)
+    moe_dispatcher: np.ndarray | None = None  # DISPATCHER_CODES (0: not stated)
 
     @property
     def chunks(self) -> np.ndarray:
@@ -165,7 +171,7 @@ class ConfigBatch:
                 lambda c: DEFAULT_MOE_LOAD_IMBALANCE if c.moe_load_imbalance is None else c.moe_load_imbalance,
                 np.float64),
             layouts=layouts,
-            moe_a2a_hierarchical=col(lambda c: c.moe_a2a_algorithm == "hierarchical", bool),
+            moe_a2a_hierarchical=col(lambda c: c.a2a_hierarchical, bool),
             cp_comm=col(lambda c: CP_COMM_CODES[c.cp_comm_type], np.int64),
             main_grads_bytes=col(lambda c: DTYPE_BYTES[c.main_grads_dtype], np.float64),
             main_params_bytes=col(lambda c: DTYPE_BYTES[c.main_params_dtype], np.float64),
@@ -175,6 +181,7 @@ class ConfigBatch:
             schedule=col(lambda c: SCHEDULE_CODES[c.schedule], np.int64),
             offload_modules=col(lambda c: modules_mask(c.offload_modules or (), OFFLOAD_BITS), np.int64),
             moe_expert_replicas=col(lambda c: c.moe_expert_replicas, np.int64),
+            moe_dispatcher=col(lambda c: DISPATCHER_CODES[c.moe_token_dispatcher_type], np.int64),
         )
 
     def take(self, idx: np.ndarray) -> "ConfigBatch":

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 
 import numpy as np
 
-from . import comm, layers, memory, pipeline, stragglers, validity
+from . import comm, layers, memory, pipeline, routing, stragglers, validity
 from .batch import DUALPIPE, NO_VALUE, ConfigBatch
 from .flops import model_flops_per_token
 from .hardware import Hardware
@@ -140,7 +140,7 @@ def _shapes(spec: ModelSpec, b: ConfigBatch, dp: np.ndarray) -> memory.Shapes:
     tokens = (b.micro_batch_size * spec.seq_length / b.cp).astype(np.float64)
     tokens_sp = np.where(b.sequence_parallel, tokens / b.tp, tokens)
     routed_mean = tokens_sp * (spec.moe_router_topk or 0)
-    routed = routed_mean * b.moe_load_imbalance
+    routed = routed_mean * routing.effective_imbalance(b.ep, b.moe_load_imbalance)
     modules = np.where(b.recompute == 1, b.recompute_modules, 0)
     return memory.Shapes(tokens=tokens, tokens_sp=tokens_sp, tokens_moe=tokens_sp, routed=routed,
                          routed_mean=routed_mean,
@@ -333,8 +333,8 @@ def _layer_inputs(spec: ModelSpec, hw: Hardware, b: ConfigBatch,
     """What the layer costs read per config: the blocks' context and the output head's weight copies.
     (Large batches score each distinct combination once: see ``_distinct_layer_inputs``.)"""
     ctx = layers.Context(spec=spec, hw=hw, shapes=shapes, fp8=b.precision == 1, sp=b.sequence_parallel,
-                         imbalance=b.moe_load_imbalance, modules=shapes.modules,
-                         a2a_hierarchical=b.moe_a2a_hierarchical, cp_comm=b.cp_comm,
+                         imbalance=routing.effective_imbalance(b.ep, b.moe_load_imbalance), modules=shapes.modules,
+                         a2a_hierarchical=b.moe_a2a_hierarchical, dispatcher=b.moe_dispatcher, cp_comm=b.cp_comm,
                          grad_accum_bytes=b.main_grads_bytes.astype(np.int64),
                          expert_replicas=b.moe_expert_replicas.astype(np.int64))
     holds_head = (spec.untie_embeddings_and_output_weights | (b.pp > 1)).astype(np.int64)

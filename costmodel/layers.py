@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from . import comm, memory
-from .batch import MODULE_BITS
+from .batch import DISPATCHER_ALLGATHER, DISPATCHER_ALLTOALL_SEQ, MODULE_BITS
 from .compute import (BF16_BYTES, attention_core_bwd_s, attention_core_s, gemm_s, grouped_gemm_s,
                       grouped_weight_grad_s, memory_bound_s)
 from .flops import attention_params, mlp_params
@@ -29,6 +29,10 @@ MEMORY_BOUND_BACKWARD_FACTOR = 2.0  # gradient kernels read the input and the in
 ROUTER_BYTES_PER_SCORE = 3 * 4
 # Token permutation before and after the experts, dispatch and combine: read + write each.
 PERMUTE_BYTES = 2 * 2 * BF16_BYTES
+# Routing metadata the allgather dispatcher gathers with the tokens, per routed copy: the expert index
+# (int64, torch.topk's) and its probability (the logits' dtype, bf16: core_r0.6.0 router.py
+# ``torch.softmax(..., dtype=torch.float32).type_as(logits)``).
+ROUTING_META_BYTES = 8 + BF16_BYTES
 # Vocabulary-parallel cross-entropy: fp32 logits written, then read and rewritten by softmax and its
 # gradient: about five fp32 passes over the logits.
 CROSS_ENTROPY_BYTES_PER_LOGIT = 5 * 4
@@ -79,6 +83,7 @@ class Context:
     imbalance: np.ndarray
     modules: np.ndarray  # selective recompute bit mask (0 unless recompute == selective)
     a2a_hierarchical: np.ndarray  # EP dispatch deduplicated per destination node
+    dispatcher: np.ndarray  # batch.DISPATCHER_CODES (moe_token_dispatcher_type; 0 = not stated: an all-to-all)
     cp_comm: np.ndarray  # batch.CP_COMM_CODES: 0 ring, 1 Ulysses all-to-all, 2 K/V all-gather, 3 both
     grad_accum_bytes: np.ndarray  # bytes per element of the main gradients (integer, main_grads_dtype)
     expert_replicas: np.ndarray  # extra expert slots per EP rank (copies of hot experts, routing.py)
@@ -240,8 +245,77 @@ def dense_mlp_block(ctx: Context) -> Cost:
         expert_params=z)
 
 
+def _allgather_group(ctx: Context) -> np.ndarray:
+    """The allgather dispatcher's group: the tensor-and-expert-parallel ranks, etp·ep consecutive ranks
+    (core_r0.6.0 ``get_tensor_and_expert_parallel_world_size``; etp = tp there)."""
+    return ctx.shapes.etp * ctx.shapes.ep
+
+
+def allgather_dispatch_s(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
+    """One pass's dispatch and combine with the allgather dispatcher, and the NIC time of it.
+
+    Megatron-Core core_r0.6.0 MoEAllGatherTokenDispatcher (megatron/core/transformer/moe/
+    token_dispatcher.py): ``token_permutation`` all-gathers the hidden states [T_moe, h] of every rank of
+    the etp·ep group (``gather_from_sequence_parallel_region_to_moe``), and the routing indices and
+    probabilities with them, then keeps the rows routed to its local experts; ``token_unpermutation``
+    scatter-adds the expert output into the gathered shape and reduce-scatters it back
+    (``reduce_scatter_to_sequence_parallel_region_from_moe``). Every rank receives every token whatever the
+    routing, so the volume does not grow with the load imbalance. The backward runs the transposes (the
+    all-gather's gradient is a reduce-scatter and the reverse) of the same sizes."""
+    s, hw, h, k = ctx.shapes, ctx.hw, ctx.spec.hidden_size, ctx.spec.moe_router_topk
+    n = _allgather_group(ctx)
+    hidden_bytes = BF16_BYTES * s.tokens_moe * h * n  # the gathered buffer (comm.all_gather_s: full size)
+    meta_bytes = ROUTING_META_BYTES * s.tokens_moe * k * n
+    t = comm.all_gather_s(hidden_bytes + meta_bytes, 1, n, hw) + comm.reduce_scatter_s(hidden_bytes, 1, n, hw)
+    return t, np.where(comm.spans_domains(1, n, hw), t, 0.0)
+
+
+def etp_dispatch_s(ctx: Context, tokens_per_device) -> np.ndarray:
+    """The all-to-all dispatchers' expert-tensor-parallel step, one pass: the received tokens all-gathered
+    over the etp group before the experts and the output reduce-scattered after them (Megatron-Core
+    MoEAlltoAllTokenDispatcher ``gather_from_sequence_parallel_region`` / ``reduce_scatter_to_sequence_
+    parallel_region`` over the expert-TP group). It belongs to the dispatcher, not to the linear layers:
+    Transformer Engine's TP communication overlap (userbuffers, ``tp_comm_overlap``) never sees it, as
+    Megatron-Core builds expert linears with ``parallel_mode=None`` ("The comms between TP and EP group is
+    explicitly handled by MoE token dispatcher", megatron/core/extensions/transformer_engine.py, TELinear
+    and TEGroupedLinear), and MindSpeed's MC2 does not cover the MoE MLP (MindSpeed megatron_patch.py:
+    "MoE MLP not use mc2 linear"). Only the EP overlap (``moe_a2a_overlap``) hides it, with the dispatch."""
+    s = ctx.shapes
+    return comm.all_reduce_s(BF16_BYTES * tokens_per_device * ctx.spec.hidden_size, 1, s.etp, ctx.hw)
+
+
+def sequence_a2a_dispatch_s(ctx: Context) -> np.ndarray:
+    """The alltoall_seq dispatcher's extra step, one pass: the tokens re-split from sequence to hidden
+    over tp before the EP all-to-all and back after the combine (core_r0.6.0 MoEAlltoAllTokenDispatcher,
+    MindSpeed-LLM's alltoall_seq: ``all_to_all_sp2hp`` and ``all_to_all_hp2sp``): two all-to-alls in
+    which each rank sends its T_moe·h hidden states spread over the tp group."""
+    s = ctx.shapes
+    return 2.0 * comm.all_to_all_s(BF16_BYTES * s.tokens_moe * ctx.spec.hidden_size, 1, s.tp, ctx.hw)
+
+
+def permutation_rows(ctx: Context, tokens_per_device, local_experts) -> np.ndarray:
+    """Token rows the permutation kernels read and write on one device, per pass, before and after the
+    experts (``PERMUTE_BYTES`` each element, dispatch and combine).
+
+    * all-to-all (alltoall, alltoall_seq; flat dispatch unstated): the rank's own tokens permuted into
+      their T_moe·k copies before the all-to-all (``permute``), and, with more than one local expert, the
+      received rows (× etp once all-gathered) sorted by expert (``sort_chunks_by_idxs``);
+    * flex (DeepEP; hierarchical unstated): DeepEP's dispatch sends the tokens unpermuted, the received
+      rows are permuted once;
+    * allgather: two gathers of the local rows, out of the gathered buffer and into expert order
+      (``torch.gather`` twice in ``token_permutation``), and their scatters back in the combine."""
+    s = ctx.shapes
+    own = s.tokens_moe * ctx.spec.moe_router_topk
+    a2a = own + np.where(local_experts > 1, tokens_per_device, 0.0)
+    flex = tokens_per_device
+    allgather = 2.0 * tokens_per_device
+    return np.where(ctx.dispatcher == DISPATCHER_ALLGATHER, allgather, np.where(ctx.a2a_hierarchical, flex, a2a))
+
+
 def moe_block(ctx: Context) -> Cost:
-    """Router, token dispatch (all-to-all over the EP group), routed experts, combine, shared experts.
+    """Router, token dispatch (``moe_token_dispatcher_type``: an all-to-all over the EP group, or the
+    allgather dispatcher's all-gather and reduce-scatter over etp·ep), routed experts, combine, shared
+    experts.
 
     The busiest EP rank receives ``imbalance`` × the mean tokens: its expert GEMMs and its all-to-all
     set the pace of the layer (DeepSeek-V3 §3.2 on EP load balance)."""
@@ -253,7 +327,10 @@ def moe_block(ctx: Context) -> Cost:
     expert_flops = 2.0 * s.routed * mlp_params(h, f, spec.swiglu)
     router = (gemm_s(s.tokens_moe, h, E, hw, False)
               + memory_bound_s(ROUTER_BYTES_PER_SCORE * s.tokens_moe * E, hw))
-    permute = memory_bound_s(PERMUTE_BYTES * s.routed * h, hw)
+    allgather = ctx.dispatcher == DISPATCHER_ALLGATHER
+    permute = memory_bound_s(PERMUTE_BYTES * permutation_rows(ctx, tokens_per_device, local_experts) * h, hw)
+    # The allgather dispatcher's combine scatter-adds into a zeroed buffer of the gathered shape: one write.
+    permute = permute + allgather * memory_bound_s(BF16_BYTES * s.tokens_moe * _allgather_group(ctx) * h, hw)
     fs = spec.moe_shared_expert_intermediate_size
     if fs:
         sh_gemms, sh_act, sh_flops = _mlp_parts(ctx, fs, s.tokens, s.tp)
@@ -265,30 +342,37 @@ def moe_block(ctx: Context) -> Cost:
     gemms_bwd = expert_bwd + BACKWARD_FACTOR * (sh_gemms + router)
     fwd = gemms + expert_act + sh_act + permute + mem
     bwd = gemms_bwd + MEMORY_BOUND_BACKWARD_FACTOR * (expert_act + sh_act + permute + mem)
-    # Dispatch and combine: every device sends its tokens' top-k copies; the busiest rank's receive
-    # side (imbalance × mean) sets the time. Expert-tensor parallelism adds an all-gather and a
-    # reduce-scatter of the received tokens inside the ETP group.
+    # Dispatch and combine: with an all-to-all every device sends its tokens' top-k copies and the busiest
+    # rank's receive side (imbalance × mean) sets the time, plus the expert-TP gather and scatter of the
+    # received tokens and, for alltoall_seq, its sequence/hidden re-split over tp; the allgather
+    # dispatcher gathers and reduce-scatters every token of the etp·ep group instead.
     send_bytes = BF16_BYTES * s.tokens_moe * k * h * ctx.imbalance
-    a2a = 2.0 * comm.expert_all_to_all_s(send_bytes, k, s.etp, s.ep, ctx.a2a_hierarchical, hw)
+    a2a = (2.0 * comm.expert_all_to_all_s(send_bytes, k, s.etp, s.ep, ctx.a2a_hierarchical, hw)
+           + etp_dispatch_s(ctx, tokens_per_device)
+           + (ctx.dispatcher == DISPATCHER_ALLTOALL_SEQ) * sequence_a2a_dispatch_s(ctx))
     a2a_nic = 2.0 * comm.expert_all_to_all_nic_s(send_bytes, k, s.etp, s.ep, ctx.a2a_hierarchical, hw)
-    etp_comm = comm.all_reduce_s(BF16_BYTES * tokens_per_device * h, 1, s.etp, hw)
+    ag, ag_nic = allgather_dispatch_s(ctx)
+    dispatch = np.where(allgather, ag, a2a)
+    dispatch_nic = np.where(allgather, ag_nic, a2a_nic)
     drop_moe = ctx.drops("moe")
     selective = np.where(drop_moe, fwd, ctx.drops("moe_act") * expert_act
                          + ctx.drops("shared_experts") * (sh_gemms + sh_act)
                          + ctx.drops("layernorm") * memory_bound_s(NORM_BYTES * s.tokens_sp * h, hw))
     flops = expert_flops + sh_flops + 2.0 * s.tokens_moe * h * E
     selective_flops = np.where(drop_moe, flops, ctx.drops("shared_experts") * sh_flops)
-    tp_comm = sh_tp + etp_comm
+    tp_comm = sh_tp  # the shared experts are dense tensor-parallel linears (TP overlap applies)
     z = np.zeros_like(fwd)
     router_and_shared = h * E + mlp_params(h, fs, spec.swiglu) / s.tp + 2.0 * h
     offload = memory.pre_mlp_offload_bytes(spec, s) + memory.moe_block_offload_bytes(spec, s)
+    buffers = np.where(allgather, memory.allgather_dispatch_buffer_bytes(spec, s), memory.dispatch_buffer_bytes(spec, s))
     return Cost(
         fwd_s=fwd, bwd_s=bwd, gemm_fwd_s=gemms, gemm_bwd_s=gemms_bwd,
         selective_s=selective, tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=z, cp_bwd_s=z,
-        ep_fwd_s=a2a, ep_bwd_s=a2a, ep_nic_s=a2a_nic, selective_cp_s=z, selective_ep_s=drop_moe * a2a,
+        ep_fwd_s=dispatch, ep_bwd_s=dispatch, ep_nic_s=dispatch_nic, selective_cp_s=z,
+        selective_ep_s=drop_moe * dispatch,
         flops_fwd=flops, selective_flops=selective_flops,
         act_bytes=memory.pre_mlp_bytes(spec, s) + memory.moe_block_activation_bytes(spec, s),
-        transient_bytes=memory.dispatch_buffer_bytes(spec, s) + offload, offload_bytes=offload + z,
+        transient_bytes=buffers + offload, offload_bytes=offload + z,
         dense_params=router_and_shared + z,
         expert_params=local_experts * mlp_params(h, f, spec.swiglu) / s.etp + z)
 

@@ -179,6 +179,15 @@ def dispatch_buffer_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     return 2 * BF16 * s.routed * spec.hidden_size
 
 
+def allgather_dispatch_buffer_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """The allgather dispatcher's transient buffers in the MoE layer in flight: the hidden states gathered
+    from the etp·ep group (``global_hidden_states``, [T_moe·etp·ep, h]; in the combine the zeroed buffer of
+    the same shape that the expert output is scatter-added into before the reduce-scatter) beside the
+    busiest rank's local rows and their expert-ordered copy (core_r0.6.0 MoEAllGatherTokenDispatcher)."""
+    h = spec.hidden_size
+    return BF16 * h * (s.tokens_moe * s.etp * s.ep + 2 * s.routed * s.etp)
+
+
 def logits_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     """fp32 logits of the vocabulary-parallel cross-entropy (Korthikanti et al. 2022: 4sbv/t)."""
     return FP32 * s.tokens * spec.vocab_size / s.tp

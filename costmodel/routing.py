@@ -29,6 +29,13 @@ from .spec import ModelSpec, TrainingConfig
 SKEW_PERMUTATION_SEED = 0
 
 
+def effective_imbalance(ep, imbalance) -> np.ndarray:
+    """The imbalance (max/mean routed tokens per EP rank) the times use: the config's (stated, default or
+    from its routing), except at ep 1, where one rank holds every expert and receives every routed token,
+    so max = mean = 1 exactly (the stated or default figure describes ranks that do not exist there)."""
+    return np.where(np.asarray(ep) == 1, 1.0, imbalance)
+
+
 def expert_shares(spec: ModelSpec, config: TrainingConfig) -> np.ndarray | None:
     """Per-expert token shares (sum 1, by expert id), or None where the config states no routing."""
     if config.moe_expert_load is not None:

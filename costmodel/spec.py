@@ -207,6 +207,14 @@ class TrainingConfig(BaseModel):
     # fans it out inside the node (DeepEP's normal kernels, Huawei's hierarchical all-to-all on Atlas
     # 800T A2); "flat" sends one copy per destination expert rank (Megatron's alltoall dispatcher).
     moe_a2a_algorithm: Literal["flat", "hierarchical"] = "hierarchical"
+    # The MoE token dispatcher (Megatron-Core --moe-token-dispatcher-type; MindSpeed-LLM passes the same
+    # flag): "allgather" gathers every token of the tp·ep group and reduce-scatters the combined output
+    # (MoEAllGatherTokenDispatcher, core_r0.6.0's default), "alltoall" the flat all-to-all of each token's
+    # k copies, "alltoall_seq" its sequence-level variant (core_r0.6.0's MoEAlltoAllTokenDispatcher: an
+    # sp->hp all-to-all over tp before the EP all-to-all), "flex" DeepEP/HybridEP (one copy per destination
+    # node: what moe_a2a_algorithm "hierarchical" prices). None: moe_a2a_algorithm decides, as before
+    # (flat = alltoall, hierarchical = flex). costmodel/layers.py prices each.
+    moe_token_dispatcher_type: Literal["allgather", "alltoall", "alltoall_seq", "flex"] | None = None
     # Context-parallel attention (Megatron-Core --cp-comm-type; MindSpeed --context-parallel-algo):
     # "p2p" ring (megatron_cp_algo), "a2a" Ulysses (ulysses_cp_algo), "a2a+p2p" Ulysses inside the
     # scale-up domain and a ring across (hybrid_cp_algo), "allgather" K/V all-gather.
@@ -290,6 +298,25 @@ class TrainingConfig(BaseModel):
             raise ValueError(f"pipeline_schedule {schedule} places two model chunks per rank itself: vpp must be "
                              f"1 (got {vpp}; MindSpeed refuses dualpipev with a virtual pipeline)")
         return self
+
+    @model_validator(mode="after")
+    def _dispatcher_matches_a2a_algorithm(self) -> "TrainingConfig":
+        # flex is the hierarchical dispatch, the other dispatchers send one copy per expert rank (flat): a
+        # config may state both fields only where they agree (moe_a2a_algorithm alone keeps its meaning).
+        d = self.moe_token_dispatcher_type
+        if d is not None and "moe_a2a_algorithm" in self.model_fields_set:
+            implied = "hierarchical" if d == "flex" else "flat"
+            if self.moe_a2a_algorithm != implied:
+                raise ValueError(f"moe_token_dispatcher_type {d} dispatches {implied}: moe_a2a_algorithm "
+                                 f"{self.moe_a2a_algorithm} contradicts it (state one, or both agreeing)")
+        return self
+
+    @property
+    def a2a_hierarchical(self) -> bool:
+        """Whether the expert dispatch sends one copy per destination node: the flex dispatcher, or
+        moe_a2a_algorithm hierarchical where no dispatcher is stated."""
+        d = self.moe_token_dispatcher_type
+        return d == "flex" if d is not None else self.moe_a2a_algorithm == "hierarchical"
 
     @property
     def schedule(self) -> str:

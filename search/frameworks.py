@@ -86,7 +86,8 @@ FIELDS = {
     "moe_expert_skew": "no flag: a modelling input (the router's skew, costmodel/routing.py)",
     "expert_placement": "express: contiguous is both frameworks' own; balanced is refused (no placement flag)",
     "moe_expert_replicas": "express: refused above 0 (neither framework replicates experts in training)",
-    "moe_a2a_algorithm": "_moe", "cp_comm_type": "_context_parallel", "main_grads_dtype": "_optimizer_dtypes",
+    "moe_a2a_algorithm": "_moe", "moe_token_dispatcher_type": "_moe (--moe-token-dispatcher-type)",
+    "cp_comm_type": "_context_parallel", "main_grads_dtype": "_optimizer_dtypes",
     "main_params_dtype": "_optimizer_dtypes", "exp_avg_dtype": "_optimizer_dtypes",
     "exp_avg_sq_dtype": "_optimizer_dtypes", "data_parallel_sharding_strategy": "_sharding",
 }
@@ -688,8 +689,12 @@ def _moe(cfg: TrainingConfig, spec: ModelSpec, ms: bool,
     if spec.add_bias_linear and cfg.etp > 1:
         # HEAD transformer_config.py: "Bias in Moe is only supported when ETP==1"
         bad.append(Refusal("etp", cfg.etp, "the experts' linear biases need etp = 1"))
+    dispatcher = cfg.moe_token_dispatcher_type
     hierarchical = cfg.moe_a2a_algorithm == "hierarchical" and ep_leaves_domain(cfg, scale_up_domain)
-    if not hierarchical:
+    if dispatcher is not None:
+        args, bad_dispatch = _dispatcher_args(dispatcher, ms)
+        bad += bad_dispatch
+    elif not hierarchical:
         args = ["--moe-token-dispatcher-type", "alltoall"]
     elif "hierarchical" not in ALGORITHMS["mindspeed" if ms else "megatron"]["moe_a2a_algorithm"]:
         args = ["--moe-token-dispatcher-type", "alltoall"]
@@ -706,11 +711,36 @@ def _moe(cfg: TrainingConfig, spec: ModelSpec, ms: bool,
     return args, bad
 
 
+# moe_token_dispatcher_type as launched: Megatron-LM 67f3515c arguments.py offers --moe-token-dispatcher-type
+# {allgather, alltoall, flex} (alltoall_seq, the legacy sequence-level all-to-all, was removed); MindSpeed-LLM
+# passes the flag through with allgather, alltoall and alltoall_seq (MindSpeed docs/features/
+# moe-token-permute-and-unpermute.md names alltoall and alltoall_seq) and has no flex dispatcher (no DeepEP
+# on NPUs: ALGORITHMS offers it flat dispatch only).
+DISPATCHERS = {"megatron": ("allgather", "alltoall", "flex"), "mindspeed": ("allgather", "alltoall", "alltoall_seq")}
+
+
+def _dispatcher_args(dispatcher: str, ms: bool) -> tuple[list[str], list[Refusal]]:
+    """The launch arguments of a stated ``moe_token_dispatcher_type`` (refused where the framework has none)."""
+    framework = "mindspeed" if ms else "megatron"
+    args = ["--moe-token-dispatcher-type", dispatcher]
+    if dispatcher == "flex":
+        args += ["--moe-flex-dispatcher-backend", "deepep"]  # DeepEP's normal kernels (ALGORITHMS above)
+    if dispatcher not in DISPATCHERS[framework]:
+        return args, [Refusal("moe_token_dispatcher_type", dispatcher,
+                              f"{LABELS[framework]} has no {dispatcher} dispatcher (it offers "
+                              f"{', '.join(DISPATCHERS[framework])})")]
+    return args, []
+
+
 def _a2a_overlap(cfg: TrainingConfig, spec: ModelSpec, ms: bool) -> tuple[str, list[Refusal]]:
     def no(reason: str) -> Refusal:
         return Refusal("moe_a2a_overlap", True, reason)
 
     bad = [no("needs expert parallelism (ep > 1)")] if cfg.ep == 1 else []
+    if cfg.moe_token_dispatcher_type == "allgather":
+        # Megatron-LM HEAD transformer_config.py takes overlap_moe_expert_parallel_comm with the alltoall or
+        # flex dispatcher only; MindSpeed's --moe-alltoall-overlap-comm overlaps the alltoall dispatcher's
+        bad.append(no("the EP all-to-all overlap needs an all-to-all dispatcher, not allgather"))
     if ms:
         # MindSpeed features_manager/moe/moe_alltoall_overlap.py: incompatible_check(args, 'use_ascend_mc2');
         # needs --moe-grouped-gemm with the alltoall dispatcher (always emitted)

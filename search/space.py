@@ -61,7 +61,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from costmodel import ConfigBatch, TrainingConfig, routing, validity
-from costmodel.batch import (CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DTYPE_BYTES, NO_VALUE, PRECISION_CODES,
+from costmodel.batch import (CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DISPATCHER_CODES, DTYPE_BYTES, NO_VALUE, PRECISION_CODES,
                              OFFLOAD_BITS, RECOMPUTE_CODES, SCHEDULE_CODES, SHARDING_CODES, modules_mask)
 SCHEDULE_NAMES = {0: None, SCHEDULE_CODES["dualpipe"]: "dualpipe", SCHEDULE_CODES["dualpipev"]: "dualpipev"}
 from costmodel.pipeline import LayoutError, balanced_tokens, split_chunks, stage_sets, unique_rows
@@ -449,6 +449,8 @@ class SearchSpace:
                 out[f"{key}_bytes"] = np.full(n, DTYPE_BYTES[c[f"{key}_dtype"]], dtype=np.float64)
         if "data_parallel_sharding_strategy" in c:
             out["sharding"] = np.full(n, SHARDING_CODES[c["data_parallel_sharding_strategy"]], dtype=np.int64)
+        if "moe_token_dispatcher_type" in c:
+            out["moe_dispatcher"] = np.full(n, DISPATCHER_CODES[c["moe_token_dispatcher_type"]], dtype=np.int64)
         return out
 
     def _option_columns(self) -> dict[str, np.ndarray]:
@@ -691,7 +693,7 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
     None offers every option the cost model has (the CLI and the service always name one). ``check`` is
     called between the steps of the build (``SearchSpace.check``) and may raise to stop it."""
     check = check or (lambda: None)
-    fixed = dict(fixed or {})
+    fixed = _with_dispatch_pin(dict(fixed or {}))
     constants = _constants(spec, fixed, framework)
     imbalance = DEFAULT_MOE_LOAD_IMBALANCE if moe_load_imbalance is None else moe_load_imbalance
     values = _apply_fixed(_values(spec, profile, devices, allow_cross_domain_tp, framework), fixed)
@@ -788,12 +790,26 @@ def _no_config_error(devices: int, global_batch_size: int, node_size: int) -> Sp
 # whole search; the imbalance they give depends on each config's ep.
 ROUTING_FIELDS = ("moe_expert_load", "moe_expert_skew", "expert_placement", "moe_expert_replicas")
 CONSTANT_FIELDS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
-                   "data_parallel_sharding_strategy")
+                   "data_parallel_sharding_strategy", "moe_token_dispatcher_type")
+
+
+def _with_dispatch_pin(fixed: dict) -> dict:
+    """A pinned ``moe_token_dispatcher_type`` decides the dispatch: it pins ``moe_a2a_algorithm`` to the one
+    it implies (flex hierarchical, the others flat; TrainingConfig refuses the two disagreeing), so the
+    searched algorithm column and the configs the search writes agree with it."""
+    d = fixed.get("moe_token_dispatcher_type")
+    if d is not None and "moe_a2a_algorithm" not in fixed:
+        fixed["moe_a2a_algorithm"] = "hierarchical" if d == "flex" else "flat"
+    return fixed
 
 
 def _constants(spec: ModelSpec, fixed: dict, framework: str | None) -> dict:
     """The pinned constants; a pinned algorithm must be one the framework can launch (``frameworks.
     ALGORITHMS``: e.g. MindSpeed-LLM has no hierarchical all-to-all)."""
+    d = fixed.get("moe_token_dispatcher_type")
+    if d is not None and spec.is_moe and framework is not None and d not in frameworks.DISPATCHERS[framework]:
+        raise SpaceError("fix.moe_token_dispatcher_type", f"{frameworks.LABELS[framework]} cannot launch the {d} "
+                                                          f"dispatcher (it offers {', '.join(frameworks.DISPATCHERS[framework])})")
     for name in ALGORITHM_DEFAULTS:
         if name in fixed and fixed[name] not in frameworks.algorithm_values(framework, name):
             if name == "moe_a2a_algorithm" and not spec.is_moe:

@@ -56,6 +56,8 @@ DOMAIN = 4
 ALTERNATIVES = {"tp": [1], "pp": [1], "vpp": [2], "cp": [1], "ep": [1], "etp": [2], "micro_batch_size": [2],
                 "global_batch_size": [128], "first_stage_layers": [2], "last_stage_layers": [2],
                 "recompute_num_layers": [1], "pipeline_layout": ["Ettt|ttmL"],
+                # alltoall is the base's flat dispatch (the same flags); flex contradicts its stated flat
+                "moe_token_dispatcher_type": ["allgather", "alltoall_seq"],
                 "offload_modules": [["attn_norm"], ["core_attn", "attn_proj"], ["moe_act"]],
                 # interleaved needs vpp > 1: the vpp alternative is that plan
                 "pipeline_schedule": ["1f1b", "dualpipe", "dualpipev"],
