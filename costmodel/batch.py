@@ -25,6 +25,7 @@ OFFLOAD_BITS = {m: 1 << i for i, m in enumerate(OFFLOAD_MODULES)}
 DEFAULT_MOE_LOAD_IMBALANCE = 1.15
 NO_VALUE = -1  # integer columns use -1 for "not set"
 CP_COMM_CODES = {"p2p": 0, "a2a": 1, "allgather": 2, "a2a+p2p": 3}
+ATTENTION_KERNEL_CODES = {"flash": 0, "unfused": 1}
 SHARDING_CODES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 # Pipeline schedules: Megatron-Core's 1F1B (vpp 1) and interleaved 1F1B (vpp > 1) share code 0, since
 # vpp tells them apart; DeepSeek's DualPipe and the V-shaped DualPipeV place two chunks on each rank.
@@ -35,7 +36,8 @@ DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 # TrainingConfig's defaults for them (see ``__post_init__``), so a new field never changes what an
 # older caller scores.
 _LATER_COLUMNS = ("moe_a2a_hierarchical", "cp_comm", "main_grads_bytes", "main_params_bytes",
-                  "exp_avg_bytes", "exp_avg_sq_bytes", "schedule", "offload_modules", "moe_expert_replicas")
+                  "exp_avg_bytes", "exp_avg_sq_bytes", "schedule", "offload_modules", "moe_expert_replicas",
+                  "attention_kernel")
 
 
 @functools.cache
@@ -92,6 +94,7 @@ class ConfigBatch:
     schedule: np.ndarray | None = None  # SCHEDULE_CODES
     offload_modules: np.ndarray | None = None  # bit mask of OFFLOAD_BITS (0: nothing offloaded)
     moe_expert_replicas: np.ndarray | None = None  # extra expert slots per EP rank (copies of hot experts)
+    attention_kernel: np.ndarray | None = None  # ATTENTION_KERNEL_CODES (0: FlashAttention)
 
     @property
     def chunks(self) -> np.ndarray:
@@ -175,6 +178,7 @@ class ConfigBatch:
             schedule=col(lambda c: SCHEDULE_CODES[c.schedule], np.int64),
             offload_modules=col(lambda c: modules_mask(c.offload_modules or (), OFFLOAD_BITS), np.int64),
             moe_expert_replicas=col(lambda c: c.moe_expert_replicas, np.int64),
+            attention_kernel=col(lambda c: ATTENTION_KERNEL_CODES[c.attention_kernel], np.int64),
         )
 
     def take(self, idx: np.ndarray) -> "ConfigBatch":

@@ -15,7 +15,7 @@ import numpy as np
 from . import comm, memory
 from .batch import MODULE_BITS
 from .compute import (BF16_BYTES, attention_core_bwd_s, attention_core_s, gemm_s, grouped_gemm_s,
-                      grouped_weight_grad_s, memory_bound_s)
+                      grouped_weight_grad_s, memory_bound_s, unfused_attention_bwd_s, unfused_attention_fwd_s)
 from .flops import attention_params, mlp_params
 from .hardware import Hardware
 from .spec import ModelSpec
@@ -131,8 +131,7 @@ def attention_block(ctx: Context) -> Cost:
     # Causal: each token scores against half the sequence on average (core_flops counts it so too).
     scores = core_flops / (2.0 * (spec.qk_dim + spec.v_dim))
     ulysses, ring = _cp_degrees(ctx)
-    core_fwd = attention_core_s(core_flops, scores, ring, hw)
-    core_bwd = attention_core_bwd_s(core_flops, scores, ring, hw)
+    core_fwd, core_bwd = _attention_core(ctx, core_flops, scores, ring)
     norm_bytes = NORM_BYTES * s.tokens_sp * h + latent_norm_bytes
     mem_fwd = memory_bound_s(norm_bytes + RESIDUAL_BYTES * s.tokens_sp * h, hw)
     fwd = gemms + core_fwd + mem_fwd
@@ -157,9 +156,28 @@ def attention_block(ctx: Context) -> Cost:
         selective_s=selective, tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
         ep_fwd_s=z, ep_bwd_s=z, ep_nic_s=z, selective_cp_s=ctx.drops("core_attn") * cp_fwd, selective_ep_s=z,
         flops_fwd=proj_flops + core_flops, selective_flops=selective_flops,
-        act_bytes=memory.attention_activation_bytes(spec, s), transient_bytes=offload + z,
+        act_bytes=memory.attention_activation_bytes(spec, s),
+        transient_bytes=offload + memory.unfused_transient_bytes(spec, s) + z,
         offload_bytes=offload + z,
         dense_params=params.sharded / tp + params.replicated + 2.0 * h + z, expert_params=z)
+
+
+def _attention_core(ctx: Context, core_flops, scores, ring) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward time of the attention core by ``attention_kernel``: FlashAttention over
+    ``ring`` calls, each sweeping s/ring keys (a ring step's K/V chunk; Ulysses and the K/V all-gather
+    give each rank whole sequences of its heads), or the unfused path (``compute.unfused_attention_*``:
+    s/cp queries of each micro-batch and local head against all s keys, unmasked)."""
+    spec, hw, s = ctx.spec, ctx.hw, ctx.shapes
+    seq = spec.seq_length
+    flash_fwd = attention_core_s(core_flops, scores, ring, hw, seq / ring)
+    flash_bwd = attention_core_bwd_s(core_flops, scores, ring, hw, seq / ring)
+    if not s.unfused_attention.any():
+        return flash_fwd, flash_bwd
+    seq_q = seq / s.cp
+    batch_heads = s.tokens / seq_q * spec.num_attention_heads / s.tp
+    args = (seq_q, seq, spec.qk_dim, spec.v_dim, batch_heads, hw)
+    return (np.where(s.unfused_attention, unfused_attention_fwd_s(*args), flash_fwd),
+            np.where(s.unfused_attention, unfused_attention_bwd_s(*args), flash_bwd))
 
 
 def _cp_degrees(ctx: Context) -> tuple[np.ndarray, np.ndarray]:

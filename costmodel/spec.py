@@ -211,6 +211,12 @@ class TrainingConfig(BaseModel):
     # "p2p" ring (megatron_cp_algo), "a2a" Ulysses (ulysses_cp_algo), "a2a+p2p" Ulysses inside the
     # scale-up domain and a ring across (hybrid_cp_algo), "allgather" K/V all-gather.
     cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"
+    # The attention kernel (Megatron-LM --attention-backend {flash,fused,unfused,local,auto}, before
+    # core_r0.10 --use-flash-attn; MindSpeed-LLM --use-flash-attn): "flash" is FlashAttention (TE/cuDNN
+    # fused attention, npu_fusion_attention), "unfused" Megatron's CoreAttention with
+    # FusedScaleMaskSoftmax, which materialises the s x s scores (the SC21 and Korthikanti et al. 2022
+    # runs, before FlashAttention).
+    attention_kernel: Literal["flash", "unfused"] = "flash"
     # Model-state dtypes and sharding (Megatron-Core's precision-aware optimizer flags
     # --main-grads-dtype, --main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype; Megatron-FSDP's
     # --data-parallel-sharding-strategy). "bf16" main params stand for NeMo's distributed fused Adam
