@@ -29,6 +29,7 @@ CP_COMM_CODES = {"p2p": 0, "a2a": 1, "allgather": 2, "a2a+p2p": 3}
 # before the field); flex is priced as the hierarchical all-to-all (moe_a2a_hierarchical set with it).
 DISPATCHER_CODES = {None: 0, "allgather": 1, "alltoall": 2, "alltoall_seq": 3, "flex": 4}
 DISPATCHER_ALLGATHER, DISPATCHER_ALLTOALL_SEQ = DISPATCHER_CODES["allgather"], DISPATCHER_CODES["alltoall_seq"]
+ATTENTION_KERNEL_CODES = {"flash": 0, "unfused": 1}
 SHARDING_CODES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 # Pipeline schedules: Megatron-Core's 1F1B (vpp 1) and interleaved 1F1B (vpp > 1) share code 0, since
 # vpp tells them apart; DeepSeek's DualPipe and the V-shaped DualPipeV place two chunks on each rank.
@@ -40,7 +41,7 @@ DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 # older caller scores.
 _LATER_COLUMNS = ("moe_a2a_hierarchical", "cp_comm", "main_grads_bytes", "main_params_bytes",
                   "exp_avg_bytes", "exp_avg_sq_bytes", "schedule", "offload_modules", "moe_expert_replicas",
-                  "moe_dispatcher")
+                  "moe_dispatcher", "attention_kernel")
 
 
 @functools.cache
@@ -98,6 +99,7 @@ class ConfigBatch:
     offload_modules: np.ndarray | None = None  # bit mask of OFFLOAD_BITS (0: nothing offloaded)
     moe_expert_replicas: np.ndarray | None = None  # extra expert slots per EP rank (copies of hot experts)
     moe_dispatcher: np.ndarray | None = None  # DISPATCHER_CODES (0: not stated)
+    attention_kernel: np.ndarray | None = None  # ATTENTION_KERNEL_CODES (0: FlashAttention)
 
     @property
     def chunks(self) -> np.ndarray:
@@ -182,6 +184,7 @@ class ConfigBatch:
             offload_modules=col(lambda c: modules_mask(c.offload_modules or (), OFFLOAD_BITS), np.int64),
             moe_expert_replicas=col(lambda c: c.moe_expert_replicas, np.int64),
             moe_dispatcher=col(lambda c: DISPATCHER_CODES[c.moe_token_dispatcher_type], np.int64),
+            attention_kernel=col(lambda c: ATTENTION_KERNEL_CODES[c.attention_kernel], np.int64),
         )
 
     def take(self, idx: np.ndarray) -> "ConfigBatch":

@@ -56,30 +56,73 @@ def grouped_weight_grad_s(m, k, n, groups, hw: Hardware, fp8, accum_bytes) -> np
     return np.maximum(gemm_s(m / groups, k, n, hw, fp8, groups) / hw.moe_gemm_eff_ratio, memory)
 
 
-def attention_core_s(flops, scores, calls, hw: Hardware) -> np.ndarray:
+def flash_attention_fill(seq_kv) -> np.ndarray:
+    """Fraction of its long-sequence (plateau) matmul efficiency FlashAttention reaches when each query
+    tile sweeps ``seq_kv`` keys: ``seq_kv / (seq_kv + ATTN_FILL_HALF_SEQ_TOKENS)``.
+
+    Each thread block loads its query tile, loops over the key/value tiles and writes its output, and
+    causal masking computes the diagonal tiles in full: both fixed costs per query tile, amortised over
+    ``seq_kv / tile`` steps, so throughput rises with the sequence and saturates (FlashAttention-2,
+    Dao 2023, arXiv 2307.08691, Fig. 4-7; FlashAttention-3, Shah et al. 2024, arXiv 2407.08608,
+    Fig. 5-6). ``seq_kv`` is the key length of one kernel call: the sequence per ring step under
+    context parallelism (s/ring), the whole sequence under Ulysses. The head dim is not in this factor:
+    its effect, smaller heads further from peak, is the softmax's (``attention_core_s``: one exponential
+    per score whatever the head dim), which with the profiles' prior exponential rates reproduces
+    FlashAttention-3's head-dim 64/128/256 plateau ratios (see ATTN_FILL_HALF_SEQ_TOKENS)."""
+    seq_kv = np.asarray(seq_kv, dtype=np.float64)
+    return seq_kv / (seq_kv + ATTN_FILL_HALF_SEQ_TOKENS)
+
+
+def attention_core_s(flops, scores, calls, hw: Hardware, seq_kv=None) -> np.ndarray:
     """FlashAttention forward time (BF16 even in FP8 recipes, as Transformer Engine's default).
 
     ``flops`` of score and value matmuls in ``calls`` kernel calls (context-parallel ring attention
-    runs one call per ring step, each paying the fixed per-call cost of the saturation curve), plus
-    the softmax of ``scores`` score elements on the vector units: FlashAttention-3 (Shah et al. 2024,
-    §3) shows exponentials have a throughput far below the matmuls', so per score the softmax costs
-    the same whatever the head dim while the matmuls cost 2·(d_qk + d_v) FLOPs: small heads (64) and
-    long sequences run far from the matmul peak."""
-    matmul, softmax = _attention_core_parts(flops, scores, calls, hw)
+    runs one call per ring step, each paying the fixed per-call cost of the saturation curve), at
+    ``attn_eff`` times the sequence fill of ``seq_kv`` keys per call (``flash_attention_fill``; None:
+    the plateau), plus the softmax of ``scores`` score elements on the vector units: FlashAttention-3
+    (Shah et al. 2024, §3) shows exponentials have a throughput far below the matmuls', so per score
+    the softmax costs the same whatever the head dim while the matmuls cost 2·(d_qk + d_v) FLOPs:
+    small heads (64) and long sequences run far from the matmul peak."""
+    matmul, softmax = _attention_core_parts(flops, scores, calls, hw, seq_kv)
     return matmul + softmax
 
 
-def attention_core_bwd_s(flops, scores, calls, hw: Hardware) -> np.ndarray:
+def attention_core_bwd_s(flops, scores, calls, hw: Hardware, seq_kv=None) -> np.ndarray:
     """FlashAttention backward time: five matmuls against the forward's two (it recomputes the
     scores: Dao 2023, "FlashAttention-2", §3.1.2), and one exponential per score again (the
     recomputation of P = exp(S − L) in its Algorithm 2), so the softmax part costs what the forward's does."""
-    matmul, softmax = _attention_core_parts(flops, scores, calls, hw)
+    matmul, softmax = _attention_core_parts(flops, scores, calls, hw, seq_kv)
     return ATTN_BACKWARD_FACTOR * matmul + softmax
 
 
-def _attention_core_parts(flops, scores, calls, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
-    matmul = flops / (hw.peak_bf16_flops * hw.attn_eff * _saturation(flops / calls, hw))
+def _attention_core_parts(flops, scores, calls, hw: Hardware, seq_kv=None) -> tuple[np.ndarray, np.ndarray]:
+    fill = 1.0 if seq_kv is None else flash_attention_fill(seq_kv)
+    matmul = flops / (hw.peak_bf16_flops * hw.attn_eff * fill * _saturation(flops / calls, hw))
     return matmul, scores / hw.softmax_scores_per_s
+
+
+def unfused_attention_fwd_s(seq_q, seq_kv, qk_dim, v_dim, batch_heads, hw: Hardware) -> np.ndarray:
+    """Forward time of attention that materialises the scores (Megatron's CoreAttention before
+    FlashAttention: baddbmm, FusedScaleMaskSoftmax, attention dropout, bmm): ``batch_heads`` =
+    micro-batch × local heads problems of ``seq_q`` queries against ``seq_kv`` keys.
+
+    The QK^T and PV batched GEMMs at GEMM efficiency (``gemm_s``, whose HBM roofline writes and reads
+    the s_q × s_kv scores); they compute every score, the causally masked ones too (the mask is applied
+    in the softmax). Then memory-bound passes over the s_q·s_kv·batch_heads scores:
+    ``UNFUSED_SOFTMAX_FWD_BYTES`` per score (the fused scale-mask-softmax and the dropout)."""
+    count = batch_heads
+    gemms = (gemm_s(seq_q, qk_dim, seq_kv, hw, False, count) + gemm_s(seq_q, seq_kv, v_dim, hw, False, count))
+    return gemms + memory_bound_s(UNFUSED_SOFTMAX_FWD_BYTES * seq_q * seq_kv * batch_heads, hw)
+
+
+def unfused_attention_bwd_s(seq_q, seq_kv, qk_dim, v_dim, batch_heads, hw: Hardware) -> np.ndarray:
+    """Backward of ``unfused_attention_fwd_s``: each of the two batched GEMMs twice (input and the
+    other operand's gradients, SC21 §5.1), and ``UNFUSED_SOFTMAX_BWD_BYTES`` per score (dropout and
+    softmax gradients)."""
+    count = batch_heads
+    gemms = (gemm_s(seq_q, qk_dim, seq_kv, hw, False, count) + gemm_s(seq_q, seq_kv, v_dim, hw, False, count))
+    return (2.0 * gemms
+            + memory_bound_s(UNFUSED_SOFTMAX_BWD_BYTES * seq_q * seq_kv * batch_heads, hw))
 
 
 def memory_bound_s(nbytes, hw: Hardware) -> np.ndarray:
@@ -90,3 +133,30 @@ def memory_bound_s(nbytes, hw: Hardware) -> np.ndarray:
 # FlashAttention-2's backward runs five matmuls against the forward's two (it recomputes the scores):
 # Dao 2023, "FlashAttention-2", §3.1.2 (backward pass).
 ATTN_BACKWARD_FACTOR = 2.5
+
+# Sequence at which FlashAttention reaches half its plateau matmul efficiency (flash_attention_fill),
+# from the causal training curves of FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608, BF16 forward
+# and backward speed panels on H100 SXM5), read from the values printed above the bars as transcribed on
+# the pages the project's search returned (two head-dim-128 forward panels; the one whose values at short
+# sequences are lower, standard attention 26-35 against 74-139 TFLOP/s, taken as the causal one):
+# a least-squares fit of P·s/(s + c) to FlashAttention-3 causal forward (292, 423, 521, 579, 602, 616
+# TFLOP/s at s = 512 … 16k) gives c = 605 tokens, FlashAttention-2 on the same panel (191, 260, 298,
+# 319, 333, 335) c = 405, FlashAttention-3 backward (316, 424, 501, 542, 559, 561) c = 425, each
+# within 3 % rms; non-causal forwards fill sooner (c = 210-280). Rounded to 512. The A100 curves of
+# FlashAttention-2 (arXiv 2307.08691, Fig. 4-7) were not legible in what the search returned and are
+# not used. Across head dims the fitted c shows no trend (64: 280, 128: 210 non-causal; 128: 605,
+# 256: 685 causal) while the plateaus fall with the head dim (497, 648, 756 TFLOP/s for 64, 128, 256,
+# non-causal forward): the ratios 0.77 and 0.86 are what the softmax term already gives with H100's
+# 3.9e12 exponentials/s at a 0.75 matmul plateau (0.79 and 0.86), so the head dim stays there.
+ATTN_FILL_HALF_SEQ_TOKENS = 512.0
+
+# Megatron's unfused attention (megatron/core/transformer/dot_product_attention.py; legacy
+# model/transformer.py CoreAttention): FusedScaleMaskSoftmax reads the fp16/bf16 scores and writes the
+# probabilities (2 + 2 B per score), the attention dropout reads them and writes its output and its
+# 1-byte mask (2 + 2 + 1): 9 B per score forward. Backward: the dropout gradient reads the incoming
+# gradient and the mask and writes (2 + 1 + 2), the softmax gradient reads the gradient and the softmax
+# output and writes (2 + 2 + 2): 11 B. The stored tensors are Korthikanti et al. 2022's 5·a·s²·b bytes
+# (softmax output 2, dropout mask 1, dropout output 2; memory.py). Dropout as in Megatron's default
+# --attention-dropout 0.1, which the SC21 and Korthikanti runs used.
+UNFUSED_SOFTMAX_FWD_BYTES = 2 * BF16_BYTES + 2 * BF16_BYTES + 1
+UNFUSED_SOFTMAX_BWD_BYTES = (BF16_BYTES + 1 + BF16_BYTES) + 3 * BF16_BYTES

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 import numpy as np
 
 from . import comm, layers, memory, pipeline, routing, stragglers, validity
-from .batch import DUALPIPE, NO_VALUE, ConfigBatch
+from .batch import ATTENTION_KERNEL_CODES, DUALPIPE, NO_VALUE, ConfigBatch
 from .flops import model_flops_per_token
 from .hardware import Hardware
 from .spec import ClusterProfile, ModelSpec
@@ -146,7 +146,8 @@ def _shapes(spec: ModelSpec, b: ConfigBatch, dp: np.ndarray) -> memory.Shapes:
                          routed_mean=routed_mean,
                          tp=b.tp, cp=b.cp, ep=b.ep, etp=b.etp, modules=modules,
                          gemm_input_bytes=np.where(b.precision == 1, 1.0, memory.BF16),
-                         offload=b.offload_modules)
+                         offload=b.offload_modules, seq_kv=float(spec.seq_length),
+                         unfused_attention=b.attention_kernel == ATTENTION_KERNEL_CODES["unfused"])
 
 
 def _recomputed_layers_total(spec: ModelSpec, b: ConfigBatch, split_index: np.ndarray,

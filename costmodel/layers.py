@@ -15,7 +15,7 @@ import numpy as np
 from . import comm, memory
 from .batch import DISPATCHER_ALLGATHER, DISPATCHER_ALLTOALL_SEQ, MODULE_BITS
 from .compute import (BF16_BYTES, attention_core_bwd_s, attention_core_s, gemm_s, grouped_gemm_s,
-                      grouped_weight_grad_s, memory_bound_s)
+                      grouped_weight_grad_s, memory_bound_s, unfused_attention_bwd_s, unfused_attention_fwd_s)
 from .flops import attention_params, mlp_params
 from .hardware import Hardware
 from .spec import ModelSpec
@@ -33,6 +33,20 @@ PERMUTE_BYTES = 2 * 2 * BF16_BYTES
 # (int64, torch.topk's) and its probability (the logits' dtype, bf16: core_r0.6.0 router.py
 # ``torch.softmax(..., dtype=torch.float32).type_as(logits)``).
 ROUTING_META_BYTES = 8 + BF16_BYTES
+# The activation function as its composite's element-wise kernels (bias_activation_fusion off), in bytes
+# moved per element of the ffn-wide output, forward: each unary kernel reads and writes one bf16 tensor
+# (4 B), each binary one reads two (6 B). SiLU: F.silu (4); GELU (erf): F.gelu (4); GELU with the tanh
+# approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (Hendrycks & Gimpel 2016; HF
+# gelu_pytorch_tanh as its formula): x³, ·0.044715, ·√(2/π), tanh, 1 +, 0.5·x unary (6 × 4) and the
+# two binary (x + …, the last product: 2 × 6) = 36 B in eight kernels; a gated (GLU) MLP adds the
+# product with the up projection (6 B): nine kernels for GeGLU-tanh, as issue 33 counts MindSpeed's
+# path. Fused (Megatron's bias_swiglu / bias_gelu / bias_geglu jit kernels, MindSpeed --use-fused-swiglu):
+# one pass, reading the fc1 output(s) and writing the fc2 input, as the cost model has always priced it.
+UNFUSED_ACTIVATION_BYTES = {"silu": 2 * BF16_BYTES, "gelu": 2 * BF16_BYTES, "gelu_tanh": 6 * 2 * BF16_BYTES + 2 * 3 * BF16_BYTES}
+GATE_PRODUCT_BYTES = 3 * BF16_BYTES
+# Soft-capping cap·tanh(x/cap) as Gemma-2 writes it (HF modeling_gemma2: divide, tanh, multiply): three
+# unary passes of 4 B per element (bf16), over the output logits or over unfused attention's scores.
+SOFTCAP_BYTES = 3 * 2 * BF16_BYTES
 # Vocabulary-parallel cross-entropy: fp32 logits written, then read and rewritten by softmax and its
 # gradient: about five fp32 passes over the logits.
 CROSS_ENTROPY_BYTES_PER_LOGIT = 5 * 4
@@ -136,8 +150,7 @@ def attention_block(ctx: Context) -> Cost:
     # Causal: each token scores against half the sequence on average (core_flops counts it so too).
     scores = core_flops / (2.0 * (spec.qk_dim + spec.v_dim))
     ulysses, ring = _cp_degrees(ctx)
-    core_fwd = attention_core_s(core_flops, scores, ring, hw)
-    core_bwd = attention_core_bwd_s(core_flops, scores, ring, hw)
+    core_fwd, core_bwd = _attention_core(ctx, core_flops, scores, ring)
     norm_bytes = NORM_BYTES * s.tokens_sp * h + latent_norm_bytes
     mem_fwd = memory_bound_s(norm_bytes + RESIDUAL_BYTES * s.tokens_sp * h, hw)
     fwd = gemms + core_fwd + mem_fwd
@@ -162,9 +175,36 @@ def attention_block(ctx: Context) -> Cost:
         selective_s=selective, tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd,
         ep_fwd_s=z, ep_bwd_s=z, ep_nic_s=z, selective_cp_s=ctx.drops("core_attn") * cp_fwd, selective_ep_s=z,
         flops_fwd=proj_flops + core_flops, selective_flops=selective_flops,
-        act_bytes=memory.attention_activation_bytes(spec, s), transient_bytes=offload + z,
+        act_bytes=memory.attention_activation_bytes(spec, s),
+        transient_bytes=offload + memory.unfused_transient_bytes(spec, s) + z,
         offload_bytes=offload + z,
         dense_params=params.sharded / tp + params.replicated + 2.0 * h + z, expert_params=z)
+
+
+def _attention_core(ctx: Context, core_flops, scores, ring) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward time of the attention core by ``attention_kernel``: FlashAttention over
+    ``ring`` calls, each sweeping s/ring keys (a ring step's K/V chunk; Ulysses and the K/V all-gather
+    give each rank whole sequences of its heads), or the unfused path (``compute.unfused_attention_*``:
+    s/cp queries of each micro-batch and local head against all s keys, unmasked)."""
+    spec, hw, s = ctx.spec, ctx.hw, ctx.shapes
+    seq = spec.seq_length
+    capped = spec.attn_logit_softcapping is not None
+    # Soft-capped scores (Gemma-2): FlashAttention applies cap·tanh(x/cap) to each score in its tile
+    # (flash-attn >= 2.6 apply_softcap; FlashAttention-3's Has_softcap), a second special function per
+    # score on the same units as the exponential, in the forward and again in the backward's recomputation.
+    special = scores * (2.0 if capped else 1.0)
+    flash_fwd = attention_core_s(core_flops, special, ring, hw, seq / ring)
+    flash_bwd = attention_core_bwd_s(core_flops, special, ring, hw, seq / ring)
+    if not s.unfused_attention.any():
+        return flash_fwd, flash_bwd
+    seq_q = seq / s.cp
+    batch_heads = s.tokens / seq_q * spec.num_attention_heads / s.tp
+    args = (seq_q, seq, spec.qk_dim, spec.v_dim, batch_heads, hw)
+    # Unfused, the soft-cap is three more passes over the materialised scores (SOFTCAP_BYTES), backward twice.
+    cap = memory_bound_s((SOFTCAP_BYTES if capped else 0.0) * seq_q * seq * batch_heads, hw)
+    return (np.where(s.unfused_attention, unfused_attention_fwd_s(*args) + cap, flash_fwd),
+            np.where(s.unfused_attention, unfused_attention_bwd_s(*args) + MEMORY_BOUND_BACKWARD_FACTOR * cap,
+                     flash_bwd))
 
 
 def _cp_degrees(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
@@ -196,14 +236,23 @@ def _context_parallel_s(ctx: Context, core_fwd, core_bwd, kv_width, qkv_width, o
     return ring_fwd + a2a + gather, ring_bwd + a2a + gather
 
 
+def activation_bytes(spec: ModelSpec, tokens, width) -> np.ndarray:
+    """Bytes the activation function moves for ``tokens`` × ``width`` outputs (forward): one fused pass
+    reading the fc1 output(s) and writing the fc2 input, or, with ``bias_activation_fusion`` off, its
+    composite's element-wise kernels (``UNFUSED_ACTIVATION_BYTES``, plus the gate product when gated)."""
+    if spec.bias_activation_fusion:
+        return BF16_BYTES * tokens * width * (3 if spec.swiglu else 2)
+    per_element = UNFUSED_ACTIVATION_BYTES[spec.activation] + (GATE_PRODUCT_BYTES if spec.swiglu else 0)
+    return per_element * tokens * width
+
+
 def _mlp_parts(ctx: Context, ffn: int, tokens, shard) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """GEMM time, activation-function time and FLOPs of an MLP of width ``ffn`` split ``shard`` ways."""
     hw, h = ctx.hw, ctx.spec.hidden_size
     fc1_width = (2 if ctx.spec.swiglu else 1) * ffn / shard
     gemms = gemm_s(tokens, h, fc1_width, hw, ctx.fp8) + gemm_s(tokens, ffn / shard, h, hw, ctx.fp8)
-    act_bytes_moved = BF16_BYTES * tokens * (fc1_width + ffn / shard)  # read fc1 output, write fc2 input
     flops = 2.0 * tokens * mlp_params(h, ffn, ctx.spec.swiglu) / shard
-    return gemms, memory_bound_s(act_bytes_moved, ctx.hw), flops
+    return gemms, memory_bound_s(activation_bytes(ctx.spec, tokens, ffn / shard), ctx.hw), flops
 
 
 def _expert_parts(ctx: Context, tokens, local_experts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -217,7 +266,7 @@ def _expert_parts(ctx: Context, tokens, local_experts) -> tuple[np.ndarray, np.n
     shapes = ((tokens, h, fc1), (tokens, f / etp, h))
     fwd = sum(grouped_gemm_s(m, k, n, local_experts, hw, fp8) for m, k, n in shapes)
     wgrad = sum(grouped_weight_grad_s(m, k, n, local_experts, hw, fp8, ctx.grad_accum_bytes) for m, k, n in shapes)
-    act = memory_bound_s(BF16_BYTES * tokens * (fc1 + f / etp), hw)  # read fc1 output, write fc2 input
+    act = memory_bound_s(activation_bytes(ctx.spec, tokens, f / etp), hw)
     return fwd, fwd + wgrad, act
 
 
@@ -413,16 +462,22 @@ def output_head(ctx: Context, holds_weights) -> Cost:
     V, h = spec.vocab_size, spec.hidden_size
     gemm = gemm_s(s.tokens, h, V / s.tp, hw, False)
     ce = memory_bound_s(CROSS_ENTROPY_BYTES_PER_LOGIT * s.tokens * V / s.tp, hw)
+    softcap = memory_bound_s(_logit_softcap_bytes(spec) * s.tokens * V / s.tp, hw)
     norm = memory_bound_s(NORM_BYTES * s.tokens_sp * h, hw)
     c = _zero_cost(len(s.tp))
-    c.fwd_s = gemm + ce / 2 + norm
-    c.bwd_s = BACKWARD_FACTOR * gemm + ce / 2 + MEMORY_BOUND_BACKWARD_FACTOR * norm
+    c.fwd_s = gemm + ce / 2 + softcap + norm
+    c.bwd_s = BACKWARD_FACTOR * gemm + ce / 2 + MEMORY_BOUND_BACKWARD_FACTOR * (softcap + norm)
     c.gemm_fwd_s, c.gemm_bwd_s = gemm, BACKWARD_FACTOR * gemm
     c.tp_fwd_s = c.tp_bwd_s = comm.all_gather_s(BF16_BYTES * s.tokens * h, 1, s.tp, hw)
     c.flops_fwd = 2.0 * s.tokens * h * V / s.tp
     c.act_bytes = memory.logits_bytes(spec, s) + 2 * BF16_BYTES * s.tokens_sp * h
     c.dense_params = holds_weights * V * h / s.tp
     return c
+
+
+def _logit_softcap_bytes(spec: ModelSpec) -> float:
+    """Bytes per output logit of ``final_logit_softcapping`` (forward; the backward moves twice that)."""
+    return SOFTCAP_BYTES if spec.final_logit_softcapping else 0.0
 
 
 def mtp_extra(ctx: Context) -> Cost:

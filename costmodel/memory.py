@@ -29,6 +29,9 @@ FP32 = 4
 WEIGHT_BYTES = BF16
 GRAD_BYTES = FP32
 OPTIMIZER_BYTES = 12
+# Bytes stored per attention score by unfused attention (Korthikanti et al. 2022 §4.1: softmax output 2,
+# dropout mask 1, dropout output 2: 5as²b)
+UNFUSED_SCORE_BYTES = 2 * BF16 + 1
 
 
 @dataclass
@@ -47,6 +50,8 @@ class Shapes:
     modules: np.ndarray  # recompute module bit mask, 0 unless recompute is selective
     gemm_input_bytes: np.ndarray  # bytes per stored GEMM-input element: 1 with FP8, else 2
     offload: np.ndarray | int = 0  # offloaded module bit mask (batch.OFFLOAD_BITS), 0: none
+    seq_kv: np.ndarray | float = 0.0  # keys each query attends to (the whole sequence); 0: not needed
+    unfused_attention: np.ndarray | bool = False  # attention_kernel unfused: the s x s scores are stored
 
 
 def _drops(shapes: Shapes, module: str) -> np.ndarray:
@@ -91,8 +96,33 @@ def _attention_tensors(spec: ModelSpec, s: Shapes) -> list:
         d, g = spec.head_dim, spec.query_groups
         qkv = BF16 * T * (a + 2 * g) * d / tp
         out = BF16 * T * a * d / tp
-    # FlashAttention saves Q, K, V, its output and the row statistics; the output is linear_proj's input
-    return tensors + [("core_attn", qkv + lse), ("attn_proj", out)]
+    # FlashAttention saves Q, K, V, its output and the row statistics; the output is linear_proj's input.
+    # Unfused attention keeps Q, K, V and the output too, and instead of the statistics the s x s tensors
+    # (unfused_scores_bytes); not offloadable (Megatron offloads core_attn's inputs only).
+    unfused = np.asarray(s.unfused_attention)
+    return tensors + [("core_attn", qkv + np.where(unfused, 0.0, lse)), ("attn_proj", out),
+                      (None, np.where(unfused, unfused_scores_bytes(spec, s), 0.0))]
+
+
+def unfused_scores_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """What unfused attention stores per layer and micro-batch beyond FlashAttention's tensors: the
+    softmax output (2 B), the attention-dropout mask (1 B) and the dropout output (2 B) per score,
+    Korthikanti et al. 2022 Eq. 1-2's 5·a·s²·b/t (here s/cp queries against s keys, a/tp heads);
+    selective recompute of ``core_attn`` drops exactly these (their §5, "selective activation
+    recomputation")."""
+    return ~_drops(s, "core_attn") * UNFUSED_SCORE_BYTES * _unfused_scores(spec, s)
+
+
+def _unfused_scores(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    return s.tokens * s.seq_kv * spec.num_attention_heads / s.tp
+
+
+def unfused_transient_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
+    """Score tensors of unfused attention alive only while its layer runs: the raw QK^T output (2 B per
+    score, freed once the softmax has read it), and, where ``core_attn`` is recomputed, the 5 B per
+    score the recomputation rebuilds for the backward. 0 with FlashAttention."""
+    rebuilt = _drops(s, "core_attn") * UNFUSED_SCORE_BYTES
+    return np.where(s.unfused_attention, (BF16 + rebuilt) * _unfused_scores(spec, s), 0.0)
 
 
 def attention_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:

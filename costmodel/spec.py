@@ -75,6 +75,18 @@ class ModelSpec(BaseModel):
     moe_router_topk_scaling_factor: float | None = Field(default=None, gt=0)
     moe_router_num_groups: PositiveInt | None = None  # node-limited (group) routing
     moe_router_group_topk: PositiveInt | None = None
+    # Element-wise work the cost model prices (costmodel/layers.py): the MLP's activation function
+    # (Megatron-Core TransformerConfig.activation_func, gated by --swiglu; HF hidden_act/hidden_activation;
+    # MindSpeed-LLM --geglu, --gelu-tanh). None: Megatron's default, SiLU when swiglu (SwiGLU), else GELU.
+    activation_func: Literal["silu", "gelu", "gelu_tanh"] | None = None
+    # Whether the activation (with its gate) runs as one fused kernel (Megatron-Core
+    # TransformerConfig.bias_activation_fusion: --no-bias-swiglu-fusion / --no-bias-gelu-fusion turn it off;
+    # MindSpeed --use-fused-swiglu). False: its composite's element-wise kernels, each a pass over HBM.
+    bias_activation_fusion: bool = True
+    # Gemma-2's soft-capping, cap·tanh(x/cap) (HF Gemma2Config names; MindSpeed-LLM
+    # --output-logit-softcapping, --attn-logit-softcapping): of the output logits, of the attention scores.
+    final_logit_softcapping: float | None = Field(default=None, gt=0)
+    attn_logit_softcapping: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "ModelSpec":
@@ -133,6 +145,11 @@ class ModelSpec(BaseModel):
     @property
     def v_dim(self) -> int:
         return self.v_head_dim if self.multi_latent_attention else self.head_dim
+
+    @property
+    def activation(self) -> str:
+        """The activation function in force: the stated one, else Megatron's default by ``swiglu``."""
+        return self.activation_func or ("silu" if self.swiglu else "gelu")
 
     @property
     def expert_ffn(self) -> int:
@@ -219,6 +236,12 @@ class TrainingConfig(BaseModel):
     # "p2p" ring (megatron_cp_algo), "a2a" Ulysses (ulysses_cp_algo), "a2a+p2p" Ulysses inside the
     # scale-up domain and a ring across (hybrid_cp_algo), "allgather" K/V all-gather.
     cp_comm_type: Literal["p2p", "a2a", "allgather", "a2a+p2p"] = "p2p"
+    # The attention kernel (Megatron-LM --attention-backend {flash,fused,unfused,local,auto}, before
+    # core_r0.10 --use-flash-attn; MindSpeed-LLM --use-flash-attn): "flash" is FlashAttention (TE/cuDNN
+    # fused attention, npu_fusion_attention), "unfused" Megatron's CoreAttention with
+    # FusedScaleMaskSoftmax, which materialises the s x s scores (the SC21 and Korthikanti et al. 2022
+    # runs, before FlashAttention).
+    attention_kernel: Literal["flash", "unfused"] = "flash"
     # Model-state dtypes and sharding (Megatron-Core's precision-aware optimizer flags
     # --main-grads-dtype, --main-params-dtype, --exp-avg-dtype, --exp-avg-sq-dtype; Megatron-FSDP's
     # --data-parallel-sharding-strategy). "bf16" main params stand for NeMo's distributed fused Adam

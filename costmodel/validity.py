@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from .batch import DUALPIPE, DUALPIPEV, NO_VALUE, OFFLOAD_BITS, RECOMPUTE_CODES, ConfigBatch
+from .batch import ATTENTION_KERNEL_CODES, DUALPIPE, DUALPIPEV, NO_VALUE, OFFLOAD_BITS, RECOMPUTE_CODES, ConfigBatch
 from .spec import ModelSpec
 
 
@@ -56,6 +56,12 @@ def check(spec: ModelSpec, b: ConfigBatch, devices: int, has_fp8: bool, has_host
              lambda i: f"vpp={b.vpp[i]} needs pp > 1"),
         Rule("fp8_unsupported", (b.precision == 1) & (not has_fp8),
              lambda i: "precision fp8 needs a profile with an FP8 peak"),
+        # Megatron-Core's unfused DotProductAttention asserts context_parallel_size == 1 ("Context
+        # parallelism is only supported by TEDotProductAttention"); MindSpeed's CP algorithms all call
+        # npu_fusion_attention: context parallelism needs the flash kernel.
+        Rule("unfused_attention_cp", (b.attention_kernel == ATTENTION_KERNEL_CODES["unfused"]) & (cp > 1),
+             lambda i: f"attention_kernel unfused with cp={cp[i]}: context parallelism runs only with the "
+                       "flash kernel (Megatron-Core's unfused attention has no context parallelism)"),
         *_schedule_rules(spec, b, dp),
         *_offload_rules(spec, b, has_host_link),
     ]

@@ -90,6 +90,7 @@ FIELDS = {
     "cp_comm_type": "_context_parallel", "main_grads_dtype": "_optimizer_dtypes",
     "main_params_dtype": "_optimizer_dtypes", "exp_avg_dtype": "_optimizer_dtypes",
     "exp_avg_sq_dtype": "_optimizer_dtypes", "data_parallel_sharding_strategy": "_sharding",
+    "attention_kernel": "_attention",
 }
 
 
@@ -203,6 +204,7 @@ def express(config: TrainingConfig, spec: ModelSpec, framework: str,
     out.add("optimizer", *_optimizer_dtypes(config, ms))
     out.add("tp_overlap", *_tp_overlap(config, spec, ms))
     out.add("context_parallel", *_context_parallel(config, spec, ms, scale_up_domain))
+    out.add("attention", _attention(config, ms))
     out.add("moe", *_moe(config, spec, ms, scale_up_domain))
     out.add("schedule", *_schedule(config, spec, ms, out.split))
     if split_rules:
@@ -635,6 +637,19 @@ def ulysses_degree(cfg: TrainingConfig, scale_up_domain: int | None) -> int | No
 # ulysses_cp_algo from MindSpeed's UlyssesContextParallelFeature; --ulysses-degree-in-cp for hybrid).
 MINDSPEED_CP_ALGO = {"p2p": "megatron_cp_algo", "a2a": "ulysses_cp_algo", "allgather": "kvallgather_cp_algo",
                      "a2a+p2p": "hybrid_cp_algo"}
+
+
+def _attention(cfg: TrainingConfig, ms: bool) -> list[str]:
+    """The attention kernel. Megatron-LM: --attention-backend {flash,fused,unfused,local,auto} (core_r0.10
+    and later, megatron/core/transformer/enums.py AttnBackend; core_v0.16.1 validate_args reads it), whose
+    default auto picks Transformer Engine's flash or fused (cuDNN) attention, both FlashAttention-class:
+    flash states nothing, unfused is --attention-backend unfused (before core_r0.10 unfused was the
+    default and --use-flash-attn opted in). MindSpeed-LLM: --use-flash-attn (MindSpeed features_manager/
+    transformer/flash_attention/fusion_attention_v1_feature.py, npu_fusion_attention), left out for the
+    unfused path."""
+    if ms:
+        return ["--use-flash-attn"] if cfg.attention_kernel == "flash" else []
+    return [] if cfg.attention_kernel == "flash" else ["--attention-backend", "unfused"]
 
 
 def _context_parallel(cfg: TrainingConfig, spec: ModelSpec, ms: bool,

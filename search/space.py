@@ -61,8 +61,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 from costmodel import ConfigBatch, TrainingConfig, routing, validity
-from costmodel.batch import (CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DISPATCHER_CODES, DTYPE_BYTES, NO_VALUE, PRECISION_CODES,
-                             OFFLOAD_BITS, RECOMPUTE_CODES, SCHEDULE_CODES, SHARDING_CODES, modules_mask)
+from costmodel.batch import (ATTENTION_KERNEL_CODES, CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DISPATCHER_CODES,
+                             DTYPE_BYTES, NO_VALUE, OFFLOAD_BITS, PRECISION_CODES, RECOMPUTE_CODES, SCHEDULE_CODES,
+                             SHARDING_CODES, modules_mask)
 SCHEDULE_NAMES = {0: None, SCHEDULE_CODES["dualpipe"]: "dualpipe", SCHEDULE_CODES["dualpipev"]: "dualpipev"}
 from costmodel.pipeline import LayoutError, balanced_tokens, split_chunks, stage_sets, unique_rows
 from costmodel.spec import ClusterProfile, ModelSpec
@@ -451,6 +452,8 @@ class SearchSpace:
             out["sharding"] = np.full(n, SHARDING_CODES[c["data_parallel_sharding_strategy"]], dtype=np.int64)
         if "moe_token_dispatcher_type" in c:
             out["moe_dispatcher"] = np.full(n, DISPATCHER_CODES[c["moe_token_dispatcher_type"]], dtype=np.int64)
+        if "attention_kernel" in c:
+            out["attention_kernel"] = np.full(n, ATTENTION_KERNEL_CODES[c["attention_kernel"]], dtype=np.int64)
         return out
 
     def _option_columns(self) -> dict[str, np.ndarray]:
@@ -790,7 +793,7 @@ def _no_config_error(devices: int, global_batch_size: int, node_size: int) -> Sp
 # whole search; the imbalance they give depends on each config's ep.
 ROUTING_FIELDS = ("moe_expert_load", "moe_expert_skew", "expert_placement", "moe_expert_replicas")
 CONSTANT_FIELDS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
-                   "data_parallel_sharding_strategy", "moe_token_dispatcher_type")
+                   "data_parallel_sharding_strategy", "moe_token_dispatcher_type", "attention_kernel")
 
 
 def _with_dispatch_pin(fixed: dict) -> dict:

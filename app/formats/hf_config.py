@@ -21,6 +21,10 @@ HF key                                     spec field
 ``tie_word_embeddings`` (default false)    ``untie_embeddings_and_output_weights`` = not it
 ``_name_or_path`` (else ``model_type``)    ``name``
 *(gated MLP in every supported family)*    ``swiglu`` = true
+``hidden_activation`` (else ``hidden_act``)  ``activation_func`` where not SiLU: ``gelu`` → gelu,
+                                           ``gelu_pytorch_tanh``/``gelu_new``/``gelu_fast`` → gelu_tanh
+``final_logit_softcapping``                ``final_logit_softcapping`` (Gemma-2)
+``attn_logit_softcapping``                 ``attn_logit_softcapping`` (Gemma-2)
 **deepseek_v3 / deepseek_v2**              (``DeepseekV3ForCausalLM``, ``DeepseekV2ForCausalLM``)
 ``q_lora_rank`` (null: no compression)     ``q_lora_rank``; ``multi_latent_attention`` = true
 ``kv_lora_rank``                           ``kv_lora_rank``
@@ -82,6 +86,12 @@ FAMILIES = {
 }
 
 
+# transformers' ACT2FN names -> the spec's activation_func (activations.py: gelu_pytorch_tanh, gelu_new and
+# gelu_fast are the tanh approximation; silu and swish the same function)
+HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+                  "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+
+
 def supported() -> list[str]:
     return [a for archs in FAMILIES.values() for a in archs]
 
@@ -139,6 +149,12 @@ def to_spec_data(cfg: dict, seq_length: int | None = None) -> dict:
         "swiglu": True,
         "untie_embeddings_and_output_weights": not bool(cfg.get("tie_word_embeddings", False)),
     }
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act")
+    if isinstance(act, str) and HF_ACTIVATIONS.get(act, "silu") != "silu":
+        spec["activation_func"] = HF_ACTIVATIONS[act]
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if isinstance(cfg.get(key), (int, float)) and not isinstance(cfg.get(key), bool):
+            spec[key] = float(cfg[key])
     head_dim = _int(cfg, "head_dim", None)
     if head_dim is not None:
         spec["kv_channels"] = head_dim

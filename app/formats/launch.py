@@ -48,8 +48,7 @@ def _model_args(spec: ModelSpec, fmt: str, num_layers: int, real: list[int], tp:
         a += ["--kv-channels", str(spec.head_dim)]
     a += ["--seq-length", str(spec.seq_length), "--max-position-embeddings", str(spec.seq_length)]
     a += _architecture_args(spec)
-    if spec.swiglu:
-        a.append("--swiglu")
+    a += _activation_args(spec, fmt)
     if spec.untie_embeddings_and_output_weights:
         a.append("--untie-embeddings-and-output-weights")
     if spec.multi_latent_attention:
@@ -84,6 +83,28 @@ def _model_args(spec: ModelSpec, fmt: str, num_layers: int, real: list[int], tp:
         a += ["--padded-vocab-size", str(spec.vocab_size)]
     else:
         a += ["--make-vocab-size-divisible-by", str(vocab_divisor(spec.vocab_size, tp))]
+    return a
+
+
+def _activation_args(spec: ModelSpec, fmt: str) -> list[str]:
+    """The MLP's activation and Gemma-2's soft-capping. Megatron-LM: --swiglu (gated SiLU),
+    --no-bias-swiglu-fusion / --no-bias-gelu-fusion (bias_activation_fusion off). MindSpeed-LLM
+    (mindspeed_llm/training/arguments.py: --geglu "Geglu activate function", --gelu-tanh "Tanh Geglu
+    activate function"; its Gemma-2 scripts pass --gelu-tanh alone): --geglu for a gated GELU,
+    --gelu-tanh for a gated GELU-tanh, --output-logit-softcapping and --attn-logit-softcapping with the caps."""
+    gated, act = spec.swiglu, spec.activation
+    a = []
+    if fmt == "mindspeed" and gated and act != "silu":
+        a.append("--gelu-tanh" if act == "gelu_tanh" else "--geglu")
+    elif gated:
+        a.append("--swiglu")
+    if not spec.bias_activation_fusion:
+        a.append("--no-bias-swiglu-fusion" if gated and act == "silu" else "--no-bias-gelu-fusion")
+    if fmt == "mindspeed":
+        if spec.final_logit_softcapping is not None:
+            a += ["--output-logit-softcapping", _num(spec.final_logit_softcapping)]
+        if spec.attn_logit_softcapping is not None:
+            a += ["--attn-logit-softcapping", _num(spec.attn_logit_softcapping)]
     return a
 
 
@@ -183,11 +204,13 @@ def launch_args(config: dict | TrainingConfig, spec: ModelSpec, fmt: str = "mega
         a.append("--sequence-parallel")
     a += g["recompute"] + g.get("offload", []) + g["sharding"] + g["optimizer"] + g["tp_overlap"] + g["context_parallel"] + g["moe"]
     a += ["--bf16", *g["precision"]]
+    if fmt == "megatron":
+        a += g["attention"]  # --attention-backend unfused where planned (search/frameworks.py _attention)
     if fmt == "mindspeed":
         # MindSpeed fused kernels, as in MindSpeed-LLM's recipes (pretrain_deepseek3_671b_4k_ptd.sh):
-        # "--use-flash-attn" (MindSpeed features_manager/transformer/flash_attention/fusion_attention_v1_feature.py),
+        # "--use-flash-attn" unless the plan is unfused attention (search/frameworks.py _attention),
         # "--use-fused-rmsnorm" (MindSpeed mindspeed/arguments.py, features_manager/megatron_basic/megatron_basic.py)
-        a += ["--use-flash-attn"] + (["--use-fused-rmsnorm"] if spec.normalization == "RMSNorm" else [])
+        a += g["attention"] + (["--use-fused-rmsnorm"] if spec.normalization == "RMSNorm" else [])
     return a + _model_args(spec, fmt, e.split.num_layers, e.split.real, cfg.tp)
 
 
