@@ -56,6 +56,9 @@ def check(spec: ModelSpec, b: ConfigBatch, devices: int, has_fp8: bool, has_host
              lambda i: f"vpp={b.vpp[i]} needs pp > 1"),
         Rule("fp8_unsupported", (b.precision == 1) & (not has_fp8),
              lambda i: "precision fp8 needs a profile with an FP8 peak"),
+        # Megatron-Core transformer_config.py: "Storing activation input in FP8 is supported only for SwiGLU."
+        Rule("fp8_input_store_needs_swiglu", b.act_fp8_input_store & (not spec.swiglu),
+             lambda i: "activation_func_fp8_input_store stores the SwiGLU input: the model has no SwiGLU"),
         *_schedule_rules(spec, b, dp),
         *_offload_rules(spec, b, has_host_link),
     ]

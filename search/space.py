@@ -61,7 +61,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from costmodel import ConfigBatch, TrainingConfig, routing, validity
-from costmodel.batch import (CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DTYPE_BYTES, NO_VALUE, PRECISION_CODES,
+from costmodel.batch import (CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DTYPE_BYTES, EMA_CODES, FP8_RECIPE_CODES,
+                             NO_VALUE, PRECISION_CODES,
                              OFFLOAD_BITS, RECOMPUTE_CODES, SCHEDULE_CODES, SHARDING_CODES, modules_mask)
 SCHEDULE_NAMES = {0: None, SCHEDULE_CODES["dualpipe"]: "dualpipe", SCHEDULE_CODES["dualpipev"]: "dualpipev"}
 from costmodel.pipeline import LayoutError, balanced_tokens, split_chunks, stage_sets, unique_rows
@@ -449,6 +450,14 @@ class SearchSpace:
                 out[f"{key}_bytes"] = np.full(n, DTYPE_BYTES[c[f"{key}_dtype"]], dtype=np.float64)
         if "data_parallel_sharding_strategy" in c:
             out["sharding"] = np.full(n, SHARDING_CODES[c["data_parallel_sharding_strategy"]], dtype=np.int64)
+        if c.get("fp8_recipe") is not None:
+            out["fp8_recipe"] = np.full(n, FP8_RECIPE_CODES[c["fp8_recipe"]], dtype=np.int64)
+        if c.get("delay_wgrad_compute") is not None:
+            out["delay_wgrad"] = np.full(n, int(c["delay_wgrad_compute"]), dtype=np.int64)
+        if "activation_func_fp8_input_store" in c:
+            out["act_fp8_input_store"] = np.full(n, bool(c["activation_func_fp8_input_store"]))
+        if "parameter_ema" in c:
+            out["parameter_ema"] = np.full(n, EMA_CODES[c["parameter_ema"]], dtype=np.int64)
         return out
 
     def _option_columns(self) -> dict[str, np.ndarray]:
@@ -788,7 +797,8 @@ def _no_config_error(devices: int, global_batch_size: int, node_size: int) -> Sp
 # whole search; the imbalance they give depends on each config's ep.
 ROUTING_FIELDS = ("moe_expert_load", "moe_expert_skew", "expert_placement", "moe_expert_replicas")
 CONSTANT_FIELDS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
-                   "data_parallel_sharding_strategy")
+                   "data_parallel_sharding_strategy", "fp8_recipe", "delay_wgrad_compute",
+                   "activation_func_fp8_input_store", "parameter_ema")
 
 
 def _constants(spec: ModelSpec, fixed: dict, framework: str | None) -> dict:
@@ -800,6 +810,9 @@ def _constants(spec: ModelSpec, fixed: dict, framework: str | None) -> dict:
                 continue  # no dispatch in a dense model
             raise SpaceError(f"fix.{name}", f"{frameworks.LABELS[framework]} cannot launch {fixed[name]} "
                                             f"(it offers {', '.join(frameworks.algorithm_values(framework, name))})")
+    if fixed.get("delay_wgrad_compute") and fixed.get("moe_a2a_overlap") is not True:
+        raise SpaceError("fix.delay_wgrad_compute", "delaying the weight gradients needs the all-to-all overlap: "
+                                                    "pin moe_a2a_overlap=true too")
     return {k: fixed[k] for k in CONSTANT_FIELDS if k in fixed}
 
 

@@ -27,7 +27,7 @@ CONTRACT_CODES = {"tp_divides_heads", "devices_divisible", "dp_mismatch", "ep_et
 # Codes the project adds (docs/costmodel.md, "Validity rules"): the pipeline schedules' needs and
 # what activation offload needs.
 EXTENSION_CODES = {"dualpipe_needs_pp", "dualpipe_even_pp", "dualpipe_microbatches", "dualpipev_layers",
-                   "offload_needs_host_link", "offload_full_recompute", "offload_needs_moe"}
+                   "offload_needs_host_link", "offload_full_recompute", "offload_needs_moe", "fp8_input_store_needs_swiglu"}
 
 
 def run(spec, devices, profile_name=H100, **cfg):

@@ -182,7 +182,7 @@ def launch_args(config: dict | TrainingConfig, spec: ModelSpec, fmt: str = "mega
     if cfg.sp:
         a.append("--sequence-parallel")
     a += g["recompute"] + g.get("offload", []) + g["sharding"] + g["optimizer"] + g["tp_overlap"] + g["context_parallel"] + g["moe"]
-    a += ["--bf16", *g["precision"]]
+    a += ["--bf16", *g["precision"], *g.get("memory_savings", [])]
     if fmt == "mindspeed":
         # MindSpeed fused kernels, as in MindSpeed-LLM's recipes (pretrain_deepseek3_671b_4k_ptd.sh):
         # "--use-flash-attn" (MindSpeed features_manager/transformer/flash_attention/fusion_attention_v1_feature.py),
