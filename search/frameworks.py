@@ -90,7 +90,7 @@ FIELDS = {
     "main_params_dtype": "_optimizer_dtypes", "exp_avg_dtype": "_optimizer_dtypes",
     "exp_avg_sq_dtype": "_optimizer_dtypes", "data_parallel_sharding_strategy": "_sharding",
     "fp8_recipe": "_fp8 (--fp8-recipe)", "delay_wgrad_compute": "_moe (--delay-wgrad-compute)",
-    "activation_func_fp8_input_store": "_memory_savings (--activation-func-fp8-input-store)",
+    "activation_func_fp8_input_store": "_memory_savings: refused (a TransformerConfig field, no command-line flag)",
     "parameter_ema": "_memory_savings: refused unless none (no EMA flag in either framework)",
 }
 
@@ -228,13 +228,12 @@ def _memory_savings(cfg: TrainingConfig, ms: bool) -> tuple[list[str], list[Refu
     """DeepSeek-V3's memory measures (§3.2.3, §3.3.3) as far as a framework has a flag for them."""
     args, bad = [], []
     if cfg.activation_func_fp8_input_store:
-        if ms:
-            # not found among MindSpeed-LLM's features; Megatron's fused SwiGLU casts to float8 on CUDA
-            bad.append(Refusal("activation_func_fp8_input_store", True, "no MindSpeed-LLM feature stores the "
-                                                                        "SwiGLU input in FP8"))
-        else:
-            # HEAD megatron/core/transformer/transformer_config.py activation_func_fp8_input_store
-            args.append("--activation-func-fp8-input-store")
+        # Megatron-Core's TransformerConfig.activation_func_fp8_input_store has no command-line flag: d98e8a64
+        # megatron/training/arguments.py _add_network_size_args excludes it from the generated arguments
+        # and 67f3515c had no literal one (Megatron-Bridge sets it in its model provider); not found among
+        # MindSpeed-LLM's features either
+        bad.append(Refusal("activation_func_fp8_input_store", True, f"{LABELS['mindspeed' if ms else 'megatron']} "
+                           "has no launch flag for it (Megatron-Core's TransformerConfig field is set in code)"))
     if cfg.parameter_ema != "none":
         bad.append(Refusal("parameter_ema", cfg.parameter_ema, "neither Megatron-LM nor MindSpeed-LLM keeps an "
                                                                "EMA of the parameters (no launch flag)"))

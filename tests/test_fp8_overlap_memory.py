@@ -155,8 +155,8 @@ def test_activation_func_fp8_input_store_halves_the_swiglu_input():
     assert on.step_time_s[0] == off.step_time_s[0]  # memory only
     gelu = DENSE.model_copy(update={"swiglu": False})
     assert _one(gelu, {"activation_func_fp8_input_store": True}).broken["fp8_input_store_needs_swiglu"][0]
-    assert "--activation-func-fp8-input-store" in launch_args(
-        TrainingConfig(global_batch_size=1, activation_func_fp8_input_store=True), DENSE, "megatron", 8)
+    with pytest.raises(InexpressibleError, match="activation_func_fp8_input_store"):  # no CLI flag
+        launch_args(TrainingConfig(global_batch_size=1, activation_func_fp8_input_store=True), DENSE, "megatron", 8)
 
 
 def test_routed_experts_store_their_swiglu_input_in_fp8():
