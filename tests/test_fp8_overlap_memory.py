@@ -193,7 +193,7 @@ def test_mtp_uses_the_rank_s_own_embedding_under_dualpipe():
 
 
 def test_deepseek_v3_dualpipe_fits_with_its_memory_measures():
-    # examples/deepseek-v3-2048-dualpipe.json needed 126.6 GiB of 80 before this change (issue 33: 92 with
+    # examples/deepseek-v3-2048-dualpipe.json needed 126.6 GiB of 80 before this change (93.1 with
     # the recompute); with DeepSeek-V3's own measures stated (§3.2.3 recompute of RMSNorm and the MLA
     # up-projections, SwiGLU output recomputed and its input cached in FP8, §3.3.3 BF16 moments, the EMA
     # on the host) it fits: 75.9 GiB.
