@@ -331,6 +331,8 @@ class SearchSpace:
                     "overlap_param_gather": self.fixed.get("overlap_param_gather", True), **self.constants}
             if "sequence_parallel" in self.fixed:
                 base["sequence_parallel"] = self.fixed["sequence_parallel"]
+            if self.constants.get("delay_wgrad_compute"):  # pinned with the overlap (_constants)
+                base["moe_a2a_overlap"] = True
             self._expressible_cache["probe"] = TrainingConfig.model_validate(base)
         return self._expressible_cache["probe"].model_copy(update=fields)
 
@@ -702,6 +704,8 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
     check = check or (lambda: None)
     fixed = dict(fixed or {})
     constants = _constants(spec, fixed, framework)
+    if constants.get("fp8_recipe") is not None and precision != "fp8":
+        raise SpaceError("fix.fp8_recipe", "applies to precision fp8 only (--precision fp8)")
     imbalance = DEFAULT_MOE_LOAD_IMBALANCE if moe_load_imbalance is None else moe_load_imbalance
     values = _apply_fixed(_values(spec, profile, devices, allow_cross_domain_tp, framework), fixed)
     routed, imbalance_by_ep = _routing_imbalance(spec, fixed, values["ep"], moe_load_imbalance, framework)
@@ -900,8 +904,12 @@ def validate_fixed(fixed: dict, global_batch_size: int) -> dict:
     for key in ("precision", "moe_load_imbalance"):
         if key in fixed:
             raise SpaceError(f"fix.{key}", "is an input of the search (--precision, --moe-load-imbalance), not searched")
+    # pins that need a partner the search sets (precision) or checks itself (build_space: the overlap)
+    partners = {"precision": "fp8"} if fixed.get("fp8_recipe") is not None else {}
+    if fixed.get("delay_wgrad_compute"):
+        partners["moe_a2a_overlap"] = True
     try:
-        cfg = TrainingConfig.model_validate({"global_batch_size": global_batch_size, **fixed})
+        cfg = TrainingConfig.model_validate({"global_batch_size": global_batch_size, **partners, **fixed})
     except ValidationError as exc:
         err = exc.errors()[0]
         raise SpaceError(f"fix.{'.'.join(map(str, err['loc']))}", err["msg"]) from None

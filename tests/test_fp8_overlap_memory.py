@@ -207,3 +207,19 @@ def test_deepseek_v3_dualpipe_fits_with_its_memory_measures():
     r = evaluate(spec, profile, 2048, TrainingConfig(**stated))
     assert r["memory"]["peak_gib"] == pytest.approx(75.9, abs=0.1)
     assert r["feasible"]
+
+
+def test_search_pins_of_the_new_fields():
+    from search import build_space
+    from search.space import SpaceError, validate_fixed
+
+    spec, profile = model_presets.load("tiny-moe"), hardware_profiles.load(H100)
+    # the recipe is validated beside fp8 (the search's --precision), the delay beside the overlap
+    assert validate_fixed({"fp8_recipe": "tensorwise"}, 64) == {"fp8_recipe": "tensorwise"}
+    with pytest.raises(SpaceError, match="fp8_recipe"):
+        build_space(spec, profile, 8, 64, precision="bf16", fixed={"fp8_recipe": "tensorwise"})
+    with pytest.raises(SpaceError, match="delay_wgrad_compute"):
+        build_space(spec, profile, 8, 64, precision="bf16", fixed=validate_fixed({"delay_wgrad_compute": True}, 64))
+    space = build_space(spec, profile, 8, 64, precision="fp8", framework="megatron",
+                        fixed=validate_fixed({"fp8_recipe": "tensorwise", "parameter_ema": "none"}, 64))
+    assert space.constants == {"fp8_recipe": "tensorwise", "parameter_ema": "none"}
