@@ -36,12 +36,17 @@ SHARDING_CODES = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_para
 SCHEDULE_CODES = {"1f1b": 0, "interleaved": 0, "dualpipe": 1, "dualpipev": 2}
 DUALPIPE, DUALPIPEV = SCHEDULE_CODES["dualpipe"], SCHEDULE_CODES["dualpipev"]
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+# Megatron-Core --fp8-recipe; NO_VALUE: not stated, resolved per config from its recompute modules as the
+# export does (TrainingConfig.fp8_recipe_in_force, ``fp8_recipe_codes``).
+FP8_RECIPE_CODES = {"delayed": 0, "tensorwise": 1, "blockwise": 2, "mxfp8": 3}
+EMA_CODES = {"none": 0, "device": 1, "host": 2}
 # Columns added after the first release; a batch built without them (the search's own arrays) gets
 # TrainingConfig's defaults for them (see ``__post_init__``), so a new field never changes what an
 # older caller scores.
 _LATER_COLUMNS = ("moe_a2a_hierarchical", "cp_comm", "main_grads_bytes", "main_params_bytes",
                   "exp_avg_bytes", "exp_avg_sq_bytes", "schedule", "offload_modules", "moe_expert_replicas",
-                  "moe_dispatcher", "attention_kernel")
+                  "moe_dispatcher", "attention_kernel", "fp8_recipe", "delay_wgrad", "act_fp8_input_store",
+                  "parameter_ema")
 
 
 @functools.cache
@@ -100,6 +105,22 @@ class ConfigBatch:
     moe_expert_replicas: np.ndarray | None = None  # extra expert slots per EP rank (copies of hot experts)
     moe_dispatcher: np.ndarray | None = None  # DISPATCHER_CODES (0: not stated)
     attention_kernel: np.ndarray | None = None  # ATTENTION_KERNEL_CODES (0: FlashAttention)
+    fp8_recipe: np.ndarray | None = None  # FP8_RECIPE_CODES, NO_VALUE = the export's rule (``fp8_recipe_codes``)
+    delay_wgrad: np.ndarray | None = None  # 1 delayed, 0 not, NO_VALUE = with moe_a2a_overlap (``delays_wgrad``)
+    act_fp8_input_store: np.ndarray | None = None  # the SwiGLU input stored in FP8 for the backward
+    parameter_ema: np.ndarray | None = None  # EMA_CODES
+
+    def fp8_recipe_codes(self) -> np.ndarray:
+        """The FP8 recipe in force per config (TrainingConfig.fp8_recipe_in_force): the stated one, else
+        tensorwise where selective recompute drops layernorm or moe_act, else delayed."""
+        needs_current = (self.recompute == RECOMPUTE_CODES["selective"]) & (
+            (self.recompute_modules & (MODULE_BITS["layernorm"] | MODULE_BITS["moe_act"])) != 0)
+        return np.where(self.fp8_recipe == NO_VALUE, np.where(needs_current, FP8_RECIPE_CODES["tensorwise"],
+                                                              FP8_RECIPE_CODES["delayed"]), self.fp8_recipe)
+
+    def delays_wgrad(self) -> np.ndarray:
+        """Whether each config delays its weight-gradient GEMMs (TrainingConfig.delays_wgrad)."""
+        return np.where(self.delay_wgrad == NO_VALUE, self.moe_a2a_overlap, self.delay_wgrad == 1)
 
     @property
     def chunks(self) -> np.ndarray:
@@ -185,6 +206,11 @@ class ConfigBatch:
             moe_expert_replicas=col(lambda c: c.moe_expert_replicas, np.int64),
             moe_dispatcher=col(lambda c: DISPATCHER_CODES[c.moe_token_dispatcher_type], np.int64),
             attention_kernel=col(lambda c: ATTENTION_KERNEL_CODES[c.attention_kernel], np.int64),
+            fp8_recipe=col(lambda c: opt(c.fp8_recipe and FP8_RECIPE_CODES[c.fp8_recipe]), np.int64),
+            delay_wgrad=col(lambda c: opt(c.delay_wgrad_compute if c.delay_wgrad_compute is None
+                                          else int(c.delay_wgrad_compute)), np.int64),
+            act_fp8_input_store=col(lambda c: c.activation_func_fp8_input_store, bool),
+            parameter_ema=col(lambda c: EMA_CODES[c.parameter_ema], np.int64),
         )
 
     def take(self, idx: np.ndarray) -> "ConfigBatch":

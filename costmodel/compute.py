@@ -12,11 +12,22 @@ from .hardware import Hardware
 BF16_BYTES = 2
 
 
-def _saturation(flops: np.ndarray, hw: Hardware) -> np.ndarray:
+def _saturation(flops: np.ndarray, hw: Hardware, half_flops=None) -> np.ndarray:
     """Fraction of the large-GEMM efficiency a kernel of ``flops`` reaches: small GEMMs (TP/ETP-sharded
     weights, short micro-batches, few tokens per expert) fill the cores poorly. A hyperbolic curve
-    with one calibrated constant, the size at which half of the peak efficiency is lost."""
-    return flops / (flops + hw.gemm_half_flops)
+    with one calibrated constant, the size at which half of the peak efficiency is lost
+    (``half_flops``, the profile's BF16 one unless given: see ``fp8_half_flops``)."""
+    return flops / (flops + (hw.gemm_half_flops if half_flops is None else half_flops))
+
+
+def fp8_half_flops(hw: Hardware) -> np.ndarray:
+    """Half-efficiency size of an FP8 GEMM (FLOPs). The curve's time is F/(P·η) + F_half/(P·η): a fixed
+    cost per call of F_half/(P·η) seconds (launch, wave quantisation, the tail of the last tiles), which
+    a faster matmul rate does not shorten. Kept in seconds at the FP8 rate P8 = peak_fp8 ·
+    fp8_gemm_eff_ratio, the FP8 half size is F_half · P8 / P_bf16: a small GEMM (a per-expert one) gains
+    little from FP8 while a large one gains the full rate ratio (the issue's MXFP8 Qwen3-235B log)."""
+    fp8_rate = hw.peak_fp8_flops * hw.fp8_gemm_eff_ratio
+    return hw.gemm_half_flops * np.where(fp8_rate > 0, fp8_rate, hw.peak_bf16_flops) / hw.peak_bf16_flops
 
 
 def gemm_s(m, k, n, hw: Hardware, fp8, count=1.0) -> np.ndarray:
@@ -25,8 +36,8 @@ def gemm_s(m, k, n, hw: Hardware, fp8, count=1.0) -> np.ndarray:
 
     FP8 matmuls run at the profile's FP8 peak times ``fp8_gemm_eff_ratio`` (casts and scaling)."""
     flops = 2.0 * m * k * n
-    eff = hw.gemm_eff_max * _saturation(flops, hw)
     fp8 = fp8 & (hw.peak_fp8_flops > 0)  # without an FP8 peak the config is invalid; keep numbers finite
+    eff = hw.gemm_eff_max * _saturation(flops, hw, np.where(fp8, fp8_half_flops(hw), hw.gemm_half_flops))
     peak = np.where(fp8, hw.peak_fp8_flops * hw.fp8_gemm_eff_ratio, hw.peak_bf16_flops)
     elem = np.where(fp8, 1.0, BF16_BYTES)
     compute = flops / (peak * eff)
@@ -123,6 +134,27 @@ def unfused_attention_bwd_s(seq_q, seq_kv, qk_dim, v_dim, batch_heads, hw: Hardw
     gemms = (gemm_s(seq_q, qk_dim, seq_kv, hw, False, count) + gemm_s(seq_q, seq_kv, v_dim, hw, False, count))
     return (2.0 * gemms
             + memory_bound_s(UNFUSED_SOFTMAX_BWD_BYTES * seq_q * seq_kv * batch_heads, hw))
+
+
+# Bytes moved per element to quantise one FP8 GEMM operand (Transformer Engine's fused cast-transpose):
+# read the BF16 tensor (2), write its FP8 cast (1) and the transposed cast the other pass's GEMM reads
+# (1; Hopper's FP8 tensor cores take only the TN layout, MXFP8 keeps row- and column-wise copies), with
+# the amax reduced in the same kernel under delayed scaling (the scale comes from the amax history) and
+# per block inside it for blockwise and MXFP8 (their scales, 1 per 32 or 128 elements, are negligible).
+# Current (per-tensor) scaling must know the amax before the cast: one more BF16 read (2).
+# Megatron-Core --fp8-recipe delayed|tensorwise|blockwise|mxfp8 (batch.FP8_RECIPE_CODES order).
+FP8_QUANTISE_BYTES = {"delayed": 4.0, "tensorwise": 6.0, "blockwise": 4.0, "mxfp8": 4.0}
+
+
+def fp8_quantise_s(elements, bytes_per_element, hw: Hardware) -> np.ndarray:
+    """Memory-bound quantisation of FP8 GEMM operands: ``elements`` BF16 elements cast at
+    ``bytes_per_element`` (``FP8_QUANTISE_BYTES``; 0 for a BF16 config) over achievable HBM bandwidth.
+    Per GEMM (m×k)·(k×n) the forward casts its input (m·k) and the backward its output gradient (m·n),
+    which the data- and weight-gradient GEMMs share; weights are cast once per step (Transformer
+    Engine's is_first_microbatch cache) and not priced. Per input element the cast costs the same
+    whatever the GEMM's width n, while the GEMM costs 2n FLOPs: against an FP8 matmul of rate P8 it adds
+    bytes·P8/(2n·HBM) of the GEMM's time, most on narrow and small GEMMs (per-expert, TP-sharded)."""
+    return elements * bytes_per_element / hw.hbm_bytes_per_s
 
 
 def memory_bound_s(nbytes, hw: Hardware) -> np.ndarray:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 import numpy as np
 
 from . import comm, layers, memory, pipeline, routing, stragglers, validity
-from .batch import ATTENTION_KERNEL_CODES, DUALPIPE, NO_VALUE, ConfigBatch
+from .batch import ATTENTION_KERNEL_CODES, DUALPIPE, FP8_RECIPE_CODES, NO_VALUE, ConfigBatch
+from .compute import FP8_QUANTISE_BYTES
 from .flops import model_flops_per_token
 from .hardware import Hardware
 from .spec import ClusterProfile, ModelSpec
@@ -147,7 +148,14 @@ def _shapes(spec: ModelSpec, b: ConfigBatch, dp: np.ndarray) -> memory.Shapes:
                          tp=b.tp, cp=b.cp, ep=b.ep, etp=b.etp, modules=modules,
                          gemm_input_bytes=np.where(b.precision == 1, 1.0, memory.BF16),
                          offload=b.offload_modules, seq_kv=float(spec.seq_length),
-                         unfused_attention=b.attention_kernel == ATTENTION_KERNEL_CODES["unfused"])
+                         unfused_attention=b.attention_kernel == ATTENTION_KERNEL_CODES["unfused"],
+                         act_input_bytes=memory.act_input_bytes(spec, b.act_fp8_input_store))
+
+
+def _fp8_quant_bytes(b: ConfigBatch) -> np.ndarray:
+    """Bytes per element to quantise an FP8 GEMM operand under each config's recipe (0 in BF16)."""
+    by_code = np.array([FP8_QUANTISE_BYTES[name] for name in FP8_RECIPE_CODES])
+    return np.where(b.precision == 1, by_code[b.fp8_recipe_codes()], 0.0)
 
 
 def _recomputed_layers_total(spec: ModelSpec, b: ConfigBatch, split_index: np.ndarray,
@@ -337,11 +345,17 @@ def _layer_inputs(spec: ModelSpec, hw: Hardware, b: ConfigBatch,
                          imbalance=routing.effective_imbalance(b.ep, b.moe_load_imbalance), modules=shapes.modules,
                          a2a_hierarchical=b.moe_a2a_hierarchical, dispatcher=b.moe_dispatcher, cp_comm=b.cp_comm,
                          grad_accum_bytes=b.main_grads_bytes.astype(np.int64),
-                         expert_replicas=b.moe_expert_replicas.astype(np.int64))
+                         expert_replicas=b.moe_expert_replicas.astype(np.int64),
+                         fp8_quant_bytes=_fp8_quant_bytes(b))
     holds_head = (spec.untie_embeddings_and_output_weights | (b.pp > 1)).astype(np.int64)
     # The last stage also keeps a copy of the embedding when MTP needs it there (pp > 1): a second
-    # V·h/tp matrix, added as a count (adding the two bool arrays would be a logical or).
-    head_weights = holds_head + ((b.pp > 1) & (spec.mtp_num_layers > 0)).astype(np.int64)
+    # V·h/tp matrix, added as a count (adding the two bool arrays would be a logical or). Not under
+    # DualPipe / DualPipeV, which put the first stage (the embedding) and the last (head and MTP) on one
+    # rank: the MTP module uses that rank's own embedding, "physical sharing of parameters and
+    # gradients, of the shared embedding and output head, between the MTP module and the main model"
+    # (DeepSeek-V3 §3.2.3, "Shared Embedding and Output Head for Multi-Token Prediction").
+    mtp_copy = (b.pp > 1) & (spec.mtp_num_layers > 0) & (b.schedule == 0)
+    head_weights = holds_head + mtp_copy.astype(np.int64)
     return ctx, head_weights
 
 
@@ -542,6 +556,7 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
                  else np.zeros((1, N)))
     tp_ov = col(np.where(b.tp_comm_overlap, hw.tp_overlap, 0.0))
     ep_ov = col(np.where(b.moe_a2a_overlap, hw.ep_overlap, 0.0))
+    delay_wgrad = col(b.delays_wgrad())
     layer_input = col(memory.full_recompute_layer_bytes(spec, shapes))
 
     def recompute_terms(frac):
@@ -590,7 +605,9 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
         window = c.fwd_s + c.bwd_s
         if c.ep_fwd_s.any() or c.ep_bwd_s.any() or c.selective_ep_s.any() or np.isnan(window).any():
             ep_raw = col(c.ep_fwd_s + c.ep_bwd_s) + sel * col(c.selective_ep_s) + frac * col(c.ep_fwd_s)
-            ep_t += n * comm.exposed_s(ep_raw, col(window), ep_ov)
+            # Under --delay-wgrad-compute the attention block's weight-gradient GEMMs run after the
+            # layer's overlapped region, with no all-to-all in flight: they hide none of it.
+            ep_t += n * comm.exposed_s(ep_raw, col(window) - delay_wgrad * col(c.delayed_wgrad_s), ep_ov)
             ep_nic_fwd += n * col(c.ep_nic_s)
             ep_nic_bwd += n * col(c.ep_nic_s) * (1 + frac + sel * col(c.selective_ep_s > 0))
         fwd_window += n * col(c.fwd_s)
@@ -683,6 +700,8 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     params_b, grads_b, opt_b = memory.model_state_bytes(
         dense_params, expert_params, col(dp_cp), col(edp), col(b.sharding), grad_bytes,
         col(b.main_params_bytes + b.exp_avg_bytes + b.exp_avg_sq_bytes))
+    if (b.parameter_ema == 1).any():  # an EMA of the parameters on the device: with the optimizer states
+        opt_b = opt_b + memory.ema_bytes(dense_params, expert_params, col(b.parameter_ema))
     rank = np.take(np.ascontiguousarray(st.split_rank_table[:, :k].T), split_index, axis=1)
     # (1, N) rows against (K, N) ranks: the function's [:, None] makes them (1, 1, N).
     in_flight = pipeline.microbatches_in_flight(b.pp[None, :], b.vpp[None, :], m[None, :], rank,

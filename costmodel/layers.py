@@ -14,7 +14,7 @@ import numpy as np
 
 from . import comm, memory
 from .batch import DISPATCHER_ALLGATHER, DISPATCHER_ALLTOALL_SEQ, MODULE_BITS
-from .compute import (BF16_BYTES, attention_core_bwd_s, attention_core_s, gemm_s, grouped_gemm_s,
+from .compute import (BF16_BYTES, attention_core_bwd_s, attention_core_s, fp8_quantise_s, gemm_s, grouped_gemm_s,
                       grouped_weight_grad_s, memory_bound_s, unfused_attention_bwd_s, unfused_attention_fwd_s)
 from .flops import attention_params, mlp_params
 from .hardware import Hardware
@@ -75,6 +75,9 @@ class Cost:
     offload_bytes: np.ndarray  # activations offloaded to host memory (offload_modules), moved each way once
     dense_params: np.ndarray  # weights reduced over the dp·cp group
     expert_params: np.ndarray  # weights reduced over the expert-data-parallel group
+    # The attention block's weight-gradient GEMMs (part of bwd_s), which Megatron-Core's combined 1F1B
+    # runs after the layer's overlapped region under --delay-wgrad-compute (evaluate: the EP window).
+    delayed_wgrad_s: np.ndarray
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -101,9 +104,18 @@ class Context:
     cp_comm: np.ndarray  # batch.CP_COMM_CODES: 0 ring, 1 Ulysses all-to-all, 2 K/V all-gather, 3 both
     grad_accum_bytes: np.ndarray  # bytes per element of the main gradients (integer, main_grads_dtype)
     expert_replicas: np.ndarray  # extra expert slots per EP rank (copies of hot experts, routing.py)
+    fp8_quant_bytes: np.ndarray  # bytes per element to quantise an FP8 GEMM operand (0 in BF16; compute.py)
 
     def drops(self, module: str) -> np.ndarray:
         return (self.modules & MODULE_BITS[module]) != 0
+
+
+def _fp8_cast_s(ctx: Context, gemms) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward FP8 quantisation time of the GEMMs ``(m, k, n)`` (``compute.fp8_quantise_s``):
+    the forward casts each input (m·k), the backward each output gradient (m·n); zero in BF16."""
+    fwd = sum(fp8_quantise_s(m * k, ctx.fp8_quant_bytes, ctx.hw) for m, k, n in gemms)
+    bwd = sum(fp8_quantise_s(m * n, ctx.fp8_quant_bytes, ctx.hw) for m, k, n in gemms)
+    return fwd + 0.0 * ctx.fp8_quant_bytes, bwd + 0.0 * ctx.fp8_quant_bytes
 
 
 def _tp_pair_s(ctx: Context, nbytes) -> np.ndarray:
@@ -126,20 +138,24 @@ def attention_block(ctx: Context) -> Cost:
         # Megatron-Core runs the (unsharded) down-projections on the sequence-parallel shard and
         # all-gathers the small latents instead of the hidden states.
         latent = kv_lora + rope + (q_lora or 0)
-        down = gemm_s(s.tokens_sp, h, kv_lora + rope, hw, fp8)
-        if q_lora:
-            down = down + gemm_s(s.tokens_sp, h, q_lora, hw, fp8)
-        up = (gemm_s(T, q_in, a * (spec.qk_head_dim + rope) / tp, hw, fp8)
-              + gemm_s(T, kv_lora, a * (spec.qk_head_dim + spec.v_head_dim) / tp, hw, fp8))
-        out = gemm_s(T, a * spec.v_head_dim / tp, h, hw, fp8)
+        down_shapes = [(s.tokens_sp, h, kv_lora + rope)] + ([(s.tokens_sp, h, q_lora)] if q_lora else [])
+        up_shapes = [(T, q_in, a * (spec.qk_head_dim + rope) / tp), (T, kv_lora, a * (spec.qk_head_dim + spec.v_head_dim) / tp)]
+        out_shapes = [(T, a * spec.v_head_dim / tp, h)]
+        down = sum(gemm_s(m, k, n, hw, fp8) for m, k, n in down_shapes)
+        up = sum(gemm_s(m, k, n, hw, fp8) for m, k, n in up_shapes)
+        out = gemm_s(*out_shapes[0], hw, fp8)
         gemms = down + up + out
+        cast_fwd, cast_bwd = _fp8_cast_s(ctx, down_shapes + up_shapes + out_shapes)
+        up = up + _fp8_cast_s(ctx, up_shapes)[0]  # what recomputing the up-projections repeats
         latent_norm_bytes = NORM_BYTES * T * ((q_lora or 0) + kv_lora)
         kv_width = a * (2 * spec.qk_head_dim + 2 * rope + spec.v_head_dim) / tp  # K and V, expanded
         up_flops = 2.0 * T * (q_in * a * (spec.qk_head_dim + rope) + kv_lora * a * (spec.qk_head_dim + spec.v_head_dim)) / tp
     else:
         d, g = spec.head_dim, spec.query_groups
         latent = h  # the hidden states are what the QKV projection all-gathers
-        gemms = gemm_s(T, h, (a + 2 * g) * d / tp, hw, fp8) + gemm_s(T, a * d / tp, h, hw, fp8)
+        shapes = [(T, h, (a + 2 * g) * d / tp), (T, a * d / tp, h)]
+        gemms = sum(gemm_s(m, k, n, hw, fp8) for m, k, n in shapes)
+        cast_fwd, cast_bwd = _fp8_cast_s(ctx, shapes)
         up = np.zeros_like(gemms)
         latent_norm_bytes = 0.0
         kv_width = 2 * g * d / tp
@@ -153,8 +169,8 @@ def attention_block(ctx: Context) -> Cost:
     core_fwd, core_bwd = _attention_core(ctx, core_flops, scores, ring)
     norm_bytes = NORM_BYTES * s.tokens_sp * h + latent_norm_bytes
     mem_fwd = memory_bound_s(norm_bytes + RESIDUAL_BYTES * s.tokens_sp * h, hw)
-    fwd = gemms + core_fwd + mem_fwd
-    bwd = BACKWARD_FACTOR * gemms + core_bwd + MEMORY_BOUND_BACKWARD_FACTOR * mem_fwd
+    fwd = gemms + core_fwd + mem_fwd + cast_fwd
+    bwd = BACKWARD_FACTOR * gemms + core_bwd + MEMORY_BOUND_BACKWARD_FACTOR * mem_fwd + cast_bwd
     qkv_width = a * (2 * spec.qk_dim + spec.v_dim) / tp if spec.multi_latent_attention else (a + 2 * spec.query_groups) * spec.head_dim / tp
     cp_fwd, cp_bwd = _context_parallel_s(ctx, core_fwd, core_bwd, kv_width, qkv_width, a * spec.v_dim / tp, ulysses, ring)
     selective = (ctx.drops("core_attn") * core_fwd
@@ -178,7 +194,9 @@ def attention_block(ctx: Context) -> Cost:
         act_bytes=memory.attention_activation_bytes(spec, s),
         transient_bytes=offload + memory.unfused_transient_bytes(spec, s) + z,
         offload_bytes=offload + z,
-        dense_params=params.sharded / tp + params.replicated + 2.0 * h + z, expert_params=z)
+        dense_params=params.sharded / tp + params.replicated + 2.0 * h + z, expert_params=z,
+        # the weight-gradient half of the projections' backward (BACKWARD_FACTOR: dgrad + wgrad)
+        delayed_wgrad_s=gemms + z)
 
 
 def _attention_core(ctx: Context, core_flops, scores, ring) -> tuple[np.ndarray, np.ndarray]:
@@ -246,13 +264,16 @@ def activation_bytes(spec: ModelSpec, tokens, width) -> np.ndarray:
     return per_element * tokens * width
 
 
-def _mlp_parts(ctx: Context, ffn: int, tokens, shard) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """GEMM time, activation-function time and FLOPs of an MLP of width ``ffn`` split ``shard`` ways."""
+def _mlp_parts(ctx: Context, ffn: int, tokens, shard):
+    """GEMM time, activation-function time, FLOPs and the FP8 casts (forward, backward) of an MLP of
+    width ``ffn`` split ``shard`` ways."""
     hw, h = ctx.hw, ctx.spec.hidden_size
     fc1_width = (2 if ctx.spec.swiglu else 1) * ffn / shard
-    gemms = gemm_s(tokens, h, fc1_width, hw, ctx.fp8) + gemm_s(tokens, ffn / shard, h, hw, ctx.fp8)
+    shapes = [(tokens, h, fc1_width), (tokens, ffn / shard, h)]
+    gemms = sum(gemm_s(m, k, n, hw, ctx.fp8) for m, k, n in shapes)
     flops = 2.0 * tokens * mlp_params(h, ffn, ctx.spec.swiglu) / shard
-    return gemms, memory_bound_s(activation_bytes(ctx.spec, tokens, ffn / shard), ctx.hw), flops
+    return (gemms, memory_bound_s(activation_bytes(ctx.spec, tokens, ffn / shard), ctx.hw), flops,
+            _fp8_cast_s(ctx, shapes))
 
 
 def _expert_parts(ctx: Context, tokens, local_experts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -267,31 +288,32 @@ def _expert_parts(ctx: Context, tokens, local_experts) -> tuple[np.ndarray, np.n
     fwd = sum(grouped_gemm_s(m, k, n, local_experts, hw, fp8) for m, k, n in shapes)
     wgrad = sum(grouped_weight_grad_s(m, k, n, local_experts, hw, fp8, ctx.grad_accum_bytes) for m, k, n in shapes)
     act = memory_bound_s(activation_bytes(ctx.spec, tokens, f / etp), hw)
-    return fwd, fwd + wgrad, act
+    cast_fwd, cast_bwd = _fp8_cast_s(ctx, shapes)  # one cast per grouped GEMM operand (all local experts)
+    return fwd, fwd + wgrad, act, cast_fwd, cast_bwd
 
 
 def dense_mlp_block(ctx: Context) -> Cost:
     """Pre-MLP norm, tensor-parallel MLP, residual."""
     spec, s = ctx.spec, ctx.shapes
-    gemms, act, flops = _mlp_parts(ctx, spec.ffn_hidden_size, s.tokens, s.tp)
+    gemms, act, flops, (cast_fwd, cast_bwd) = _mlp_parts(ctx, spec.ffn_hidden_size, s.tokens, s.tp)
     mem = memory_bound_s(_residual_and_norm_bytes(ctx), ctx.hw)
-    fwd = gemms + act + mem
+    fwd = gemms + act + mem + cast_fwd
     tp_comm = _tp_pair_s(ctx, BF16_BYTES * s.tokens * spec.hidden_size)
     drop_mlp = ctx.drops("mlp")
     z = np.zeros_like(fwd)
     offload = memory.pre_mlp_offload_bytes(spec, s)
     return Cost(
-        fwd_s=fwd, bwd_s=BACKWARD_FACTOR * gemms + MEMORY_BOUND_BACKWARD_FACTOR * (act + mem),
+        fwd_s=fwd, bwd_s=BACKWARD_FACTOR * gemms + MEMORY_BOUND_BACKWARD_FACTOR * (act + mem) + cast_bwd,
         gemm_fwd_s=gemms, gemm_bwd_s=BACKWARD_FACTOR * gemms,
-        selective_s=drop_mlp * (gemms + act) + ctx.drops("layernorm") * memory_bound_s(
+        selective_s=drop_mlp * (gemms + act + cast_fwd) + ctx.drops("layernorm") * memory_bound_s(
             NORM_BYTES * s.tokens_sp * spec.hidden_size, ctx.hw),
         tp_fwd_s=tp_comm, tp_bwd_s=tp_comm, cp_fwd_s=z, cp_bwd_s=z, ep_fwd_s=z, ep_bwd_s=z, ep_nic_s=z,
         selective_cp_s=z, selective_ep_s=z, flops_fwd=flops, selective_flops=drop_mlp * flops,
         act_bytes=memory.pre_mlp_bytes(spec, s) + memory.mlp_activation_bytes(
-            spec.ffn_hidden_size, spec, s.tokens, s.tp, drop_mlp, s.gemm_input_bytes),
+            spec.ffn_hidden_size, spec, s.tokens, s.tp, drop_mlp, s.gemm_input_bytes, s.act_input_bytes),
         transient_bytes=offload + z, offload_bytes=offload + z,
         dense_params=mlp_params(spec.hidden_size, spec.ffn_hidden_size, spec.swiglu) / s.tp + 2.0 * spec.hidden_size + z,
-        expert_params=z)
+        expert_params=z, delayed_wgrad_s=z)
 
 
 def _allgather_group(ctx: Context) -> np.ndarray:
@@ -372,7 +394,7 @@ def moe_block(ctx: Context) -> Cost:
     h, f, E, k = spec.hidden_size, spec.expert_ffn, spec.num_experts, spec.moe_router_topk
     local_experts = E / s.ep + ctx.expert_replicas  # a copy is a full expert: weights, grads, its own GEMM
     tokens_per_device = s.routed * s.etp  # every ETP member processes its EP rank's tokens
-    expert_fwd, expert_bwd, expert_act = _expert_parts(ctx, tokens_per_device, local_experts)
+    expert_fwd, expert_bwd, expert_act, cast_fwd, cast_bwd = _expert_parts(ctx, tokens_per_device, local_experts)
     expert_flops = 2.0 * s.routed * mlp_params(h, f, spec.swiglu)
     router = (gemm_s(s.tokens_moe, h, E, hw, False)
               + memory_bound_s(ROUTER_BYTES_PER_SCORE * s.tokens_moe * E, hw))
@@ -382,15 +404,15 @@ def moe_block(ctx: Context) -> Cost:
     permute = permute + allgather * memory_bound_s(BF16_BYTES * s.tokens_moe * _allgather_group(ctx) * h, hw)
     fs = spec.moe_shared_expert_intermediate_size
     if fs:
-        sh_gemms, sh_act, sh_flops = _mlp_parts(ctx, fs, s.tokens, s.tp)
+        sh_gemms, sh_act, sh_flops, (sh_cast_fwd, sh_cast_bwd) = _mlp_parts(ctx, fs, s.tokens, s.tp)
         sh_tp = _tp_pair_s(ctx, BF16_BYTES * s.tokens * h)
     else:
-        sh_gemms = sh_act = sh_flops = sh_tp = np.zeros_like(permute)
+        sh_gemms = sh_act = sh_flops = sh_tp = sh_cast_fwd = sh_cast_bwd = np.zeros_like(permute)
     mem = memory_bound_s(_residual_and_norm_bytes(ctx), hw)
     gemms = expert_fwd + sh_gemms + router
     gemms_bwd = expert_bwd + BACKWARD_FACTOR * (sh_gemms + router)
-    fwd = gemms + expert_act + sh_act + permute + mem
-    bwd = gemms_bwd + MEMORY_BOUND_BACKWARD_FACTOR * (expert_act + sh_act + permute + mem)
+    fwd = gemms + expert_act + sh_act + permute + mem + cast_fwd + sh_cast_fwd
+    bwd = gemms_bwd + MEMORY_BOUND_BACKWARD_FACTOR * (expert_act + sh_act + permute + mem) + cast_bwd + sh_cast_bwd
     # Dispatch and combine: with an all-to-all every device sends its tokens' top-k copies and the busiest
     # rank's receive side (imbalance × mean) sets the time, plus the expert-TP gather and scatter of the
     # received tokens and, for alltoall_seq, its sequence/hidden re-split over tp; the allgather
@@ -405,7 +427,7 @@ def moe_block(ctx: Context) -> Cost:
     dispatch_nic = np.where(allgather, ag_nic, a2a_nic)
     drop_moe = ctx.drops("moe")
     selective = np.where(drop_moe, fwd, ctx.drops("moe_act") * expert_act
-                         + ctx.drops("shared_experts") * (sh_gemms + sh_act)
+                         + ctx.drops("shared_experts") * (sh_gemms + sh_act + sh_cast_fwd)
                          + ctx.drops("layernorm") * memory_bound_s(NORM_BYTES * s.tokens_sp * h, hw))
     flops = expert_flops + sh_flops + 2.0 * s.tokens_moe * h * E
     selective_flops = np.where(drop_moe, flops, ctx.drops("shared_experts") * sh_flops)
@@ -423,7 +445,7 @@ def moe_block(ctx: Context) -> Cost:
         act_bytes=memory.pre_mlp_bytes(spec, s) + memory.moe_block_activation_bytes(spec, s),
         transient_bytes=buffers + offload, offload_bytes=offload + z,
         dense_params=router_and_shared + z,
-        expert_params=local_experts * mlp_params(h, f, spec.swiglu) / s.etp + z)
+        expert_params=local_experts * mlp_params(h, f, spec.swiglu) / s.etp + z, delayed_wgrad_s=z)
 
 
 def _shared_attention_block(ctx: Context) -> Cost:
@@ -486,9 +508,10 @@ def mtp_extra(ctx: Context) -> Cost:
     spec, s = ctx.spec, ctx.shapes
     h = spec.hidden_size
     proj = gemm_s(s.tokens, 2 * h, h / s.tp, ctx.hw, ctx.fp8)
+    cast_fwd, cast_bwd = _fp8_cast_s(ctx, [(s.tokens, 2 * h, h / s.tp)])
     c = output_head(ctx, holds_weights=np.zeros(len(s.tp)))
-    c.fwd_s = c.fwd_s + proj
-    c.bwd_s = c.bwd_s + BACKWARD_FACTOR * proj
+    c.fwd_s = c.fwd_s + proj + cast_fwd
+    c.bwd_s = c.bwd_s + BACKWARD_FACTOR * proj + cast_bwd
     c.gemm_fwd_s = c.gemm_fwd_s + proj
     c.gemm_bwd_s = c.gemm_bwd_s + BACKWARD_FACTOR * proj
     c.flops_fwd = c.flops_fwd + 4.0 * s.tokens * h * h / s.tp

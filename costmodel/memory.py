@@ -52,7 +52,17 @@ class Shapes:
     offload: np.ndarray | int = 0  # offloaded module bit mask (batch.OFFLOAD_BITS), 0: none
     seq_kv: np.ndarray | float = 0.0  # keys each query attends to (the whole sequence); 0: not needed
     unfused_attention: np.ndarray | bool = False  # attention_kernel unfused: the s x s scores are stored
+    # bytes per stored element of the activation function's input (the fc1 output): 1 with Megatron's
+    # --activation-func-fp8-input-store (SwiGLU), else 2 (``act_input_bytes``)
+    act_input_bytes: np.ndarray | float = BF16
 
+
+def act_input_bytes(spec: ModelSpec, fp8_input_store) -> np.ndarray:
+    """Bytes per stored element of the SwiGLU input: Megatron-Core's activation_func_fp8_input_store
+    keeps it in FP8 (1 B) for the backward and casts it back there (transformer_config.py: "Store the
+    input of MLP activation function in FP8 for backprop to save memory"; SwiGLU only, elsewhere the flag
+    is refused: TransformerConfig raises); DeepSeek-V3 §3.3.3 caches the MoE SwiGLU inputs in FP8 too."""
+    return np.where(np.asarray(fp8_input_store) & spec.swiglu, 1.0, float(BF16))
 
 def _drops(shapes: Shapes, module: str) -> np.ndarray:
     return (shapes.modules & MODULE_BITS[module]) != 0
@@ -135,10 +145,12 @@ def attention_offload_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     return _on_host(s, _attention_tensors(spec, s))
 
 
-def mlp_activation_bytes(ffn: int, spec: ModelSpec, T, tp, dropped, gemm_input_bytes) -> np.ndarray:
-    """A tensor-parallel MLP's internals: fc1 output(s) and the activation output (fc2 input)."""
+def mlp_activation_bytes(ffn: int, spec: ModelSpec, T, tp, dropped, gemm_input_bytes,
+                         fc1_out_bytes=BF16) -> np.ndarray:
+    """A tensor-parallel MLP's internals: fc1 output(s) (``fc1_out_bytes`` per element: the activation
+    function's input, ``act_input_bytes``) and the activation output (fc2 input)."""
     fc1_out = (2 if spec.swiglu else 1) * ffn
-    return ~dropped * T * (BF16 * fc1_out + gemm_input_bytes * ffn) / tp
+    return ~dropped * T * (fc1_out_bytes * fc1_out + gemm_input_bytes * ffn) / tp
 
 
 def _pre_mlp_tensors(spec: ModelSpec, s: Shapes) -> list:
@@ -160,7 +172,7 @@ def pre_mlp_offload_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
 def dense_layer_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     return (attention_activation_bytes(spec, s) + pre_mlp_bytes(spec, s)
             + mlp_activation_bytes(spec.ffn_hidden_size, spec, s.tokens, s.tp, _drops(s, "mlp"),
-                                   s.gemm_input_bytes))
+                                   s.gemm_input_bytes, s.act_input_bytes))
 
 
 def _moe_block_tensors(spec: ModelSpec, s: Shapes) -> list:
@@ -173,10 +185,10 @@ def _moe_block_tensors(spec: ModelSpec, s: Shapes) -> list:
     # transient dispatch buffers of the layer running now see the busiest rank's load.
     routed = s.routed_mean
     expert_in = s.gemm_input_bytes * routed * s.etp * h  # etp members all hold their EP rank's tokens
-    fc1_out = BF16 * routed * (2 if spec.swiglu else 1) * f
+    fc1_out = s.act_input_bytes * routed * (2 if spec.swiglu else 1) * f
     act_out = ~_drops(s, "moe_act") * s.gemm_input_bytes * routed * f
     shared = mlp_activation_bytes(spec.moe_shared_expert_intermediate_size, spec, s.tokens, s.tp,
-                                  _drops(s, "shared_experts") | drop_moe, s.gemm_input_bytes)
+                                  _drops(s, "shared_experts") | drop_moe, s.gemm_input_bytes, s.act_input_bytes)
     # No combine input: Megatron-Core multiplies the routing probabilities inside the expert activation
     # (weighted SwiGLU), so un-permutation keeps no copy of the expert output. The expert fc1's input
     # and the activation function's input (the fc1 output) are Megatron's expert_fc1 and moe_act offloads.
@@ -221,6 +233,18 @@ def allgather_dispatch_buffer_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
 def logits_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
     """fp32 logits of the vocabulary-parallel cross-entropy (Korthikanti et al. 2022: 4sbv/t)."""
     return FP32 * s.tokens * spec.vocab_size / s.tp
+
+
+# An fp32 copy of every parameter for a parameter EMA kept on the device (DeepSeek-V3 §3.2.3 keeps it in
+# CPU memory instead, updated asynchronously after each step: nothing on the device).
+EMA_BYTES = FP32
+
+
+def ema_bytes(dense_params, expert_params, ema_code) -> np.ndarray:
+    """Device bytes of a parameter EMA (``parameter_ema``, batch.EMA_CODES): 4 B per parameter the device
+    holds (NeMo's EMA keeps a full-precision copy of each rank's parameters, not sharded over data
+    parallelism) when it is on the device; nothing without one or when it is in host memory."""
+    return EMA_BYTES * (dense_params + expert_params) * (np.asarray(ema_code) == 1)
 
 
 def model_state_bytes(dense_params, expert_params, dense_shard, expert_shard, sharding,

@@ -209,7 +209,27 @@ class TrainingConfig(BaseModel):
     # rank holding model chunks r and 2pp-1-r. Both run vpp 1 (their two chunks per rank are the schedule's).
     pipeline_schedule: Literal["1f1b", "interleaved", "dualpipe", "dualpipev"] | None = None
     precision: Literal["bf16", "fp8"] = "bf16"
+    # The FP8 scaling recipe (Megatron-Core --fp8-recipe, megatron/training/arguments.py): "delayed" scales
+    # by an amax history (the cast kernel records the amax in the same pass), "tensorwise" is per-tensor
+    # current scaling (an amax pass over each tensor before its cast), "blockwise" / "mxfp8" scale per
+    # block inside the cast. None: what the export states (delayed, tensorwise where a recomputed
+    # layernorm / moe_act needs it: search/frameworks.py _fp8). Priced per GEMM operand (compute.fp8_quantise_s).
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] | None = None
     moe_a2a_overlap: bool = False
+    # Megatron-Core --delay-wgrad-compute: the combined 1F1B runs the attention block's weight-gradient
+    # GEMMs after the layer's overlapped region (model_chunk_schedule_plan.py), where they hide no
+    # all-to-all. Megatron allows it only with --overlap-moe-expert-parallel-comm (transformer_config.py)
+    # and its MoE README gives the two together as the EP overlap; None: on exactly with moe_a2a_overlap.
+    delay_wgrad_compute: bool | None = None
+    # Megatron-Core --activation-func-fp8-input-store (TransformerConfig.activation_func_fp8_input_store,
+    # SwiGLU only): the activation function's input (the fc1 output) is stored in FP8 for the backward, in
+    # the dense MLP, the shared and the routed experts; DeepSeek-V3 §3.3.3 "Low-Precision Activation" (2).
+    activation_func_fp8_input_store: bool = False
+    # An exponential moving average of the parameters (DeepSeek-V3 §3.2.3, "Exponential Moving Average in
+    # CPU"): "none", "device" (an fp32 copy of every parameter the device holds, 4 B each), "host" (kept in
+    # CPU memory and updated asynchronously: no device memory, no step time). No Megatron-LM or MindSpeed
+    # flag (NeMo's exp_manager.ema with cpu_offload is the nearest): the field is named after the paper.
+    parameter_ema: Literal["none", "device", "host"] = "none"
     moe_load_imbalance: float | None = Field(default=None, ge=1.0, le=64.0)
     # The router's expected per-expert token shares (any positive numbers, one per expert, normalised
     # by their sum), or a Zipf skew of one parameter, and where experts sit on the EP ranks: the
@@ -340,6 +360,31 @@ class TrainingConfig(BaseModel):
         moe_a2a_algorithm hierarchical where no dispatcher is stated."""
         d = self.moe_token_dispatcher_type
         return d == "flex" if d is not None else self.moe_a2a_algorithm == "hierarchical"
+
+    @model_validator(mode="after")
+    def _delay_wgrad_needs_overlap(self) -> "TrainingConfig":
+        if self.delay_wgrad_compute and not self.moe_a2a_overlap:
+            # Megatron-Core transformer_config.py: "overlap_moe_expert_parallel_comm must be enabled when
+            # enabling delay_wgrad_compute"
+            raise ValueError("delay_wgrad_compute needs moe_a2a_overlap (Megatron-Core's "
+                             "--overlap-moe-expert-parallel-comm)")
+        if self.fp8_recipe is not None and self.precision != "fp8":
+            raise ValueError("fp8_recipe applies to precision fp8 only")
+        return self
+
+    @property
+    def delays_wgrad(self) -> bool:
+        """Whether the weight-gradient GEMMs are delayed (the field, else with the all-to-all overlap)."""
+        return self.moe_a2a_overlap if self.delay_wgrad_compute is None else self.delay_wgrad_compute
+
+    @property
+    def fp8_recipe_in_force(self) -> str:
+        """The FP8 recipe a launch uses: the field, else the export's rule (search/frameworks.py ``_fp8``):
+        tensorwise where a recomputed layernorm or moe_act needs it, else Megatron's default delayed."""
+        if self.fp8_recipe is not None:
+            return self.fp8_recipe
+        modules = (self.recompute_modules or ["core_attn"]) if self.recompute == "selective" else []
+        return "tensorwise" if any(m in ("layernorm", "moe_act") for m in modules) else "delayed"
 
     @property
     def schedule(self) -> str:

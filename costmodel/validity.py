@@ -62,6 +62,9 @@ def check(spec: ModelSpec, b: ConfigBatch, devices: int, has_fp8: bool, has_host
         Rule("unfused_attention_cp", (b.attention_kernel == ATTENTION_KERNEL_CODES["unfused"]) & (cp > 1),
              lambda i: f"attention_kernel unfused with cp={cp[i]}: context parallelism runs only with the "
                        "flash kernel (Megatron-Core's unfused attention has no context parallelism)"),
+        # Megatron-Core transformer_config.py: "Storing activation input in FP8 is supported only for SwiGLU."
+        Rule("fp8_input_store_needs_swiglu", b.act_fp8_input_store & (not spec.swiglu),
+             lambda i: "activation_func_fp8_input_store stores the SwiGLU input: the model has no SwiGLU"),
         *_schedule_rules(spec, b, dp),
         *_offload_rules(spec, b, has_host_link),
     ]

@@ -91,6 +91,9 @@ FIELDS = {
     "main_params_dtype": "_optimizer_dtypes", "exp_avg_dtype": "_optimizer_dtypes",
     "exp_avg_sq_dtype": "_optimizer_dtypes", "data_parallel_sharding_strategy": "_sharding",
     "attention_kernel": "_attention",
+    "fp8_recipe": "_fp8 (--fp8-recipe)", "delay_wgrad_compute": "_moe (--delay-wgrad-compute)",
+    "activation_func_fp8_input_store": "_memory_savings: refused (a TransformerConfig field, no command-line flag)",
+    "parameter_ema": "_memory_savings: refused unless none (no EMA flag in either framework)",
 }
 
 
@@ -219,8 +222,25 @@ def express(config: TrainingConfig, spec: ModelSpec, framework: str,
         # replicated experts (DeepSeek's EPLB) exist in inference engines only.
         out.refusals.append(Refusal("moe_expert_replicas", str(config.moe_expert_replicas),
                                     "no launch flag replicates experts in training (each rank holds E / ep)"))
-    out.add("precision", _fp8(config, ms))
+    out.add("precision", *_fp8(config, ms))
+    out.add("memory_savings", *_memory_savings(config, ms))
     return out
+
+
+def _memory_savings(cfg: TrainingConfig, ms: bool) -> tuple[list[str], list[Refusal]]:
+    """DeepSeek-V3's memory measures (§3.2.3, §3.3.3) as far as a framework has a flag for them."""
+    args, bad = [], []
+    if cfg.activation_func_fp8_input_store:
+        # Megatron-Core's TransformerConfig.activation_func_fp8_input_store has no command-line flag: d98e8a64
+        # megatron/training/arguments.py _add_network_size_args excludes it from the generated arguments
+        # and 67f3515c had no literal one (Megatron-Bridge sets it in its model provider); not found among
+        # MindSpeed-LLM's features either
+        bad.append(Refusal("activation_func_fp8_input_store", True, f"{LABELS['mindspeed' if ms else 'megatron']} "
+                           "has no launch flag for it (Megatron-Core's TransformerConfig field is set in code)"))
+    if cfg.parameter_ema != "none":
+        bad.append(Refusal("parameter_ema", cfg.parameter_ema, "neither Megatron-LM nor MindSpeed-LLM keeps an "
+                                                               "EMA of the parameters (no launch flag)"))
+    return args, bad
 
 
 # Recompute modules whose fp8 inputs Transformer Engine must re-quantise in the recomputation: Megatron's
@@ -229,18 +249,22 @@ def express(config: TrainingConfig, spec: ModelSpec, framework: str,
 FP8_CURRENT_SCALING_MODULES = ("layernorm", "moe_act")
 
 
-def _fp8(cfg: TrainingConfig, ms: bool) -> list[str]:
+def _fp8(cfg: TrainingConfig, ms: bool) -> tuple[list[str], list[Refusal]]:
     """The cost model prices fp8 as per-tensor scaled E4M3/E5M2 GEMMs with one-byte inputs (the H100
     profile's fp8_gemm_eff_ratio: "delayed or current scaling"): Megatron's ``delayed`` recipe (its
     default, stated), or per-tensor current scaling (``tensorwise``, core_v0.12.1 and HEAD --fp8-recipe)
     where the recompute modules need it. MindSpeed states Megatron's default (its MC2 rule reads it)."""
     if cfg.precision != "fp8":
-        return []
-    if ms:
-        return ["--fp8-format", "hybrid"]
+        return [], []
     modules = (cfg.recompute_modules or ["core_attn"]) if cfg.recompute == "selective" else []
-    recipe = "tensorwise" if any(m in FP8_CURRENT_SCALING_MODULES for m in modules) else "delayed"
-    return ["--fp8-format", "hybrid", "--fp8-recipe", recipe]
+    bad = []
+    if cfg.fp8_recipe == "delayed" and any(m in FP8_CURRENT_SCALING_MODULES for m in modules):
+        bad.append(Refusal("fp8_recipe", "delayed", "Megatron's delayed scaling refuses the layernorm and moe_act "
+                                                    "recompute modules in fp8"))
+    if ms:  # MindSpeed parses Megatron's --fp8-recipe: stated when the config states one
+        return ["--fp8-format", "hybrid"] + (["--fp8-recipe", cfg.fp8_recipe] if cfg.fp8_recipe else []), bad
+    # the stated recipe, else tensorwise where those modules are recomputed (TrainingConfig.fp8_recipe_in_force)
+    return ["--fp8-format", "hybrid", "--fp8-recipe", cfg.fp8_recipe_in_force], bad
 
 
 def refusals(config: TrainingConfig, spec: ModelSpec, framework: str,
@@ -723,6 +747,13 @@ def _moe(cfg: TrainingConfig, spec: ModelSpec, ms: bool,
         flag, problems = _a2a_overlap(cfg, spec, ms)
         args.append(flag)
         bad += problems
+        if ms and cfg.delay_wgrad_compute is not None:
+            bad.append(Refusal("delay_wgrad_compute", cfg.delay_wgrad_compute, "MindSpeed-LLM has no "
+                               "--delay-wgrad-compute (its all-to-all overlap schedules the weight gradients)"))
+        elif not ms and cfg.delays_wgrad:
+            # HEAD megatron/core/transformer/moe/README.md: the EP all-to-all overlap is
+            # "--overlap-moe-expert-parallel-comm --delay-wgrad-compute"
+            args.append("--delay-wgrad-compute")
     return args, bad
 
 

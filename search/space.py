@@ -62,8 +62,8 @@ import numpy as np
 
 from costmodel import ConfigBatch, TrainingConfig, routing, validity
 from costmodel.batch import (ATTENTION_KERNEL_CODES, CP_COMM_CODES, DEFAULT_MOE_LOAD_IMBALANCE, DISPATCHER_CODES,
-                             DTYPE_BYTES, NO_VALUE, OFFLOAD_BITS, PRECISION_CODES, RECOMPUTE_CODES, SCHEDULE_CODES,
-                             SHARDING_CODES, modules_mask)
+                             DTYPE_BYTES, EMA_CODES, FP8_RECIPE_CODES, NO_VALUE, OFFLOAD_BITS, PRECISION_CODES,
+                             RECOMPUTE_CODES, SCHEDULE_CODES, SHARDING_CODES, modules_mask)
 SCHEDULE_NAMES = {0: None, SCHEDULE_CODES["dualpipe"]: "dualpipe", SCHEDULE_CODES["dualpipev"]: "dualpipev"}
 from costmodel.pipeline import LayoutError, balanced_tokens, split_chunks, stage_sets, unique_rows
 from costmodel.spec import ClusterProfile, ModelSpec
@@ -331,6 +331,8 @@ class SearchSpace:
                     "overlap_param_gather": self.fixed.get("overlap_param_gather", True), **self.constants}
             if "sequence_parallel" in self.fixed:
                 base["sequence_parallel"] = self.fixed["sequence_parallel"]
+            if self.constants.get("delay_wgrad_compute"):  # pinned with the overlap (_constants)
+                base["moe_a2a_overlap"] = True
             self._expressible_cache["probe"] = TrainingConfig.model_validate(base)
         return self._expressible_cache["probe"].model_copy(update=fields)
 
@@ -454,6 +456,14 @@ class SearchSpace:
             out["moe_dispatcher"] = np.full(n, DISPATCHER_CODES[c["moe_token_dispatcher_type"]], dtype=np.int64)
         if "attention_kernel" in c:
             out["attention_kernel"] = np.full(n, ATTENTION_KERNEL_CODES[c["attention_kernel"]], dtype=np.int64)
+        if c.get("fp8_recipe") is not None:
+            out["fp8_recipe"] = np.full(n, FP8_RECIPE_CODES[c["fp8_recipe"]], dtype=np.int64)
+        if c.get("delay_wgrad_compute") is not None:
+            out["delay_wgrad"] = np.full(n, int(c["delay_wgrad_compute"]), dtype=np.int64)
+        if "activation_func_fp8_input_store" in c:
+            out["act_fp8_input_store"] = np.full(n, bool(c["activation_func_fp8_input_store"]))
+        if "parameter_ema" in c:
+            out["parameter_ema"] = np.full(n, EMA_CODES[c["parameter_ema"]], dtype=np.int64)
         return out
 
     def _option_columns(self) -> dict[str, np.ndarray]:
@@ -698,6 +708,8 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
     check = check or (lambda: None)
     fixed = _with_dispatch_pin(dict(fixed or {}))
     constants = _constants(spec, fixed, framework)
+    if constants.get("fp8_recipe") is not None and precision != "fp8":
+        raise SpaceError("fix.fp8_recipe", "applies to precision fp8 only (--precision fp8)")
     imbalance = DEFAULT_MOE_LOAD_IMBALANCE if moe_load_imbalance is None else moe_load_imbalance
     values = _apply_fixed(_values(spec, profile, devices, allow_cross_domain_tp, framework), fixed)
     routed, imbalance_by_ep = _routing_imbalance(spec, fixed, values["ep"], moe_load_imbalance, framework)
@@ -793,7 +805,8 @@ def _no_config_error(devices: int, global_batch_size: int, node_size: int) -> Sp
 # whole search; the imbalance they give depends on each config's ep.
 ROUTING_FIELDS = ("moe_expert_load", "moe_expert_skew", "expert_placement", "moe_expert_replicas")
 CONSTANT_FIELDS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
-                   "data_parallel_sharding_strategy", "moe_token_dispatcher_type", "attention_kernel")
+                   "data_parallel_sharding_strategy", "moe_token_dispatcher_type", "attention_kernel", "fp8_recipe",
+                   "delay_wgrad_compute", "activation_func_fp8_input_store", "parameter_ema")
 
 
 def _with_dispatch_pin(fixed: dict) -> dict:
@@ -819,6 +832,9 @@ def _constants(spec: ModelSpec, fixed: dict, framework: str | None) -> dict:
                 continue  # no dispatch in a dense model
             raise SpaceError(f"fix.{name}", f"{frameworks.LABELS[framework]} cannot launch {fixed[name]} "
                                             f"(it offers {', '.join(frameworks.algorithm_values(framework, name))})")
+    if fixed.get("delay_wgrad_compute") and fixed.get("moe_a2a_overlap") is not True:
+        raise SpaceError("fix.delay_wgrad_compute", "delaying the weight gradients needs the all-to-all overlap: "
+                                                    "pin moe_a2a_overlap=true too")
     return {k: fixed[k] for k in CONSTANT_FIELDS if k in fixed}
 
 
@@ -906,8 +922,12 @@ def validate_fixed(fixed: dict, global_batch_size: int) -> dict:
     for key in ("precision", "moe_load_imbalance"):
         if key in fixed:
             raise SpaceError(f"fix.{key}", "is an input of the search (--precision, --moe-load-imbalance), not searched")
+    # pins that need a partner the search sets (precision) or checks itself (build_space: the overlap)
+    partners = {"precision": "fp8"} if fixed.get("fp8_recipe") is not None else {}
+    if fixed.get("delay_wgrad_compute"):
+        partners["moe_a2a_overlap"] = True
     try:
-        cfg = TrainingConfig.model_validate({"global_batch_size": global_batch_size, **fixed})
+        cfg = TrainingConfig.model_validate({"global_batch_size": global_batch_size, **partners, **fixed})
     except ValidationError as exc:
         err = exc.errors()[0]
         raise SpaceError(f"fix.{'.'.join(map(str, err['loc']))}", err["msg"]) from None

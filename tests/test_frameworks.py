@@ -64,12 +64,13 @@ ALTERNATIVES = {"tp": [1], "pp": [1], "vpp": [2], "cp": [1], "ep": [1], "etp": [
                 "recompute_modules": [[m] for m in ("layernorm", "mla_up_proj", "moe_act", "mlp", "moe",
                                                     "shared_experts")]}
 # The field needs this around it to matter.
-CONTEXT = {"recompute_modules": {"recompute": "selective"}, "recompute_num_layers": {"recompute": "full"}}
+CONTEXT = {"recompute_modules": {"recompute": "selective"}, "recompute_num_layers": {"recompute": "full"},
+           "fp8_recipe": {"precision": "fp8"}, "delay_wgrad_compute": {"moe_a2a_overlap": True, "vpp": 2}}
 NO_FLAG = {"dp", "moe_load_imbalance", "moe_expert_load", "moe_expert_skew"}  # FIELDS says why
 # Fields valid only beside a value that is refused itself: test_expert_replicas_are_refused checks them.
 REFUSED_CONTEXT = {"moe_expert_replicas"}
 SAME_AS_DEFAULT = {("sequence_parallel", True), ("data_parallel_sharding_strategy", "optim"),
-                   ("pipeline_schedule", "1f1b")}
+                   ("pipeline_schedule", "1f1b"), ("fp8_recipe", "delayed"), ("delay_wgrad_compute", True)}
 
 
 def _values(name: str) -> list:

@@ -48,6 +48,8 @@ MEGATRON_ARGS = [
     "--moe-flex-dispatcher-backend", "--cp-comm-type", "--hierarchical-context-parallel-sizes",
     "--use-precision-aware-optimizer", "--main-grads-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype",
     "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+    # the same commit, literal add_argument (arguments.py L3100): the EP overlap's delayed weight gradients
+    "--delay-wgrad-compute",
     # NVIDIA/Megatron-LM megatron/training/arguments.py at d98e8a64ddf34856e74b24714e3bedb2f5a39553 (its default
     # "auto" is the bf16 model dtype, so the export states the planned gradient dtype)
     "--megatron-fsdp-main-grads-dtype",

@@ -28,7 +28,7 @@ CONTRACT_CODES = {"tp_divides_heads", "devices_divisible", "dp_mismatch", "ep_et
 # what activation offload needs.
 EXTENSION_CODES = {"dualpipe_needs_pp", "dualpipe_even_pp", "dualpipe_microbatches", "dualpipev_layers",
                    "offload_needs_host_link", "offload_full_recompute", "offload_needs_moe",
-                   "unfused_attention_cp"}
+                   "unfused_attention_cp", "fp8_input_store_needs_swiglu"}
 
 
 def run(spec, devices, profile_name=H100, **cfg):

@@ -203,7 +203,7 @@ def launch_args(config: dict | TrainingConfig, spec: ModelSpec, fmt: str = "mega
     if cfg.sp:
         a.append("--sequence-parallel")
     a += g["recompute"] + g.get("offload", []) + g["sharding"] + g["optimizer"] + g["tp_overlap"] + g["context_parallel"] + g["moe"]
-    a += ["--bf16", *g["precision"]]
+    a += ["--bf16", *g["precision"], *g.get("memory_savings", [])]
     if fmt == "megatron":
         a += g["attention"]  # --attention-backend unfused where planned (search/frameworks.py _attention)
     if fmt == "mindspeed":
