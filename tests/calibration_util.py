@@ -1,5 +1,5 @@
 """Runs 'measured' on a known, changed Ascend 910B (issue 14's "Done when"): the shipped profile with
-GEMMs 10 % more efficient (``gemm_eff_max`` x 1.1) and a 30 % slower scale-out link (the efficiency
+GEMMs 10 % less efficient (``gemm_eff_max`` x 0.9: x 1.1 would pass the bound of 0.95 from the calibrated 0.88) and a 30 % slower scale-out link (the efficiency
 factor ``scale_out_bw_eff`` x 0.7, which is what the fit can move: the bandwidth fact is the NIC's line
 rate). A fit of the shipped profile on them has a right answer to recover.
 
@@ -20,7 +20,7 @@ from costmodel.result import evaluate
 from costmodel.spec import ClusterProfile, TrainingConfig
 
 CLUSTER = "ascend-910b"
-CHANGES = {"gemm_eff_max": 1.1, "scale_out_bw_eff": 0.7}  # factor: multiplier of the shipped value
+CHANGES = {"gemm_eff_max": 0.9, "scale_out_bw_eff": 0.7}  # factor: multiplier of the shipped value
 FULL = dict(recompute="full")
 NO_DP_OVERLAP = dict(overlap_grad_reduce=False, overlap_param_gather=False)
 RUNS = [("gpt-1.3b", 8, dict(tp=1, global_batch_size=64, micro_batch_size=4)),

@@ -31,7 +31,7 @@ def cli(*args):
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    """Runs 'measured' on the 910B with GEMMs 10 % more efficient and a scale-out link 30 % slower than
+    """Runs 'measured' on the 910B with GEMMs 10 % less efficient and a scale-out link 30 % slower than
     the shipped profile says."""
     runs = calibration_util.measured_runs()
     path = tmp_path_factory.mktemp("cal") / "runs.json"
