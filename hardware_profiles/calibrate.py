@@ -87,11 +87,14 @@ BOUNDS = {
 # leave-one-source-out cross-validation on the shared calibration runs (``scripts/calibrate.py
 # --sweep-prior``; docs/accuracy.md): weaker pulls fit the runs better and predict unseen sources worse.
 PRIOR_WEIGHT = 0.01
+# ... and firmer for a handful of runs (a team's own, ``paraplan calibrate``), which cannot pin a dozen
+# factors: at least PRIOR_WEIGHT_RUNS / number of runs (0.025 for ten runs).
+PRIOR_WEIGHT_RUNS = 0.25
 # CMA-ES population and stopping: a population of 48 candidate factor sets costs one vectorised call
 # per run, barely more than one candidate (the per-call overhead dominates).
 POPULATION = 48
-MAX_GENERATIONS = 160
-PATIENCE_GENERATIONS = 30  # stop once the best objective has not improved by 1e-5 for this many
+MAX_GENERATIONS = 400
+PATIENCE_GENERATIONS = 60  # stop once the best objective has not improved by 0.01 % for this many
 
 
 def scale_series(runs) -> list[list]:
@@ -200,27 +203,68 @@ def _ask_tell(objective: Callable[[np.ndarray], np.ndarray], dim: int, x0: np.nd
     point seen."""
     from cmaes import CMA
 
+    # A budget of a few thousand candidates buys ~100 generations of a smaller population (CMA-ES needs
+    # generations more than width to converge); tiny budgets still get a few generations of 4.
+    # The last third of the budget is the polish's (``_polish``); a budget too small for a CMA-ES to
+    # learn anything (under 20 candidates a factor) is all the polish's.
+    budget, max_evals = max_evals, (max_evals * 2 // 3 if max_evals >= 20 * dim else 0)
+    population = int(np.clip(max_evals // 200, 4, POPULATION))
     opt = CMA(mean=x0.copy(), sigma=0.15, bounds=np.array([[0.0, 1.0]] * dim), seed=seed,
-              population_size=POPULATION)
+              population_size=population)
     best_x, best_f = x0.copy(), float(objective(x0[None, :])[0])
     stale, evals = 0, 1
+    if max_evals == 0:
+        return _polish(objective, best_x, best_f, budget - evals)
     for _ in range(MAX_GENERATIONS):
-        if evals + POPULATION > max_evals or opt.should_stop():
+        if evals + population > max_evals or opt.should_stop():
             break
-        xs = np.array([opt.ask() for _ in range(POPULATION)])
+        xs = np.array([opt.ask() for _ in range(population)])
         fs = objective(xs)
         evals += len(xs)
         opt.tell(list(zip(xs, fs)))
         i = int(np.argmin(fs))
-        if fs[i] < best_f - 1e-5:
-            best_x, best_f, stale = xs[i].copy(), float(fs[i]), 0
+        if fs[i] < best_f * (1 - 1e-4):
+            stale = 0
         else:
             stale += 1
-            if fs[i] < best_f:
-                best_x, best_f = xs[i].copy(), float(fs[i])
+        if fs[i] < best_f:
+            best_x, best_f = xs[i].copy(), float(fs[i])
         if stale >= PATIENCE_GENERATIONS:
             break
-    return best_x
+    return _polish(objective, best_x, best_f, budget - evals)
+
+
+def _polish(objective: Callable[[np.ndarray], np.ndarray], x: np.ndarray, f: float, max_evals: int) -> np.ndarray:
+    """Finish a CMA-ES run in a flat valley, where its population stalls: every coordinate's line at
+    several step sizes in one call, then a line along the move those coordinate steps add up to (the
+    idea of Powell's and Hooke-Jeeves' pattern moves, batched); the steps shrink when nothing improves."""
+    steps = np.array([-4.0, -2.0, -1.0, -0.5, 0.5, 1.0, 2.0, 4.0])
+    alphas = np.array([0.25, 0.5, 1.0, 1.5, 2.0, 3.0])
+    dim, step = len(x), 0.02
+    while step > 1e-4 and max_evals >= 2 * dim + len(alphas):
+        if max_evals < dim * len(steps) + len(alphas):  # a small budget: one step each way
+            steps = np.array([-1.0, 1.0])
+        cand = np.repeat(x[None, :], dim * len(steps), axis=0)
+        for i in range(dim):
+            cand[i * len(steps):(i + 1) * len(steps), i] += step * steps
+        cand = np.clip(cand, 0.0, 1.0)
+        fs = objective(cand).reshape(dim, len(steps))
+        move = np.where(fs.min(axis=1) < f, (cand.reshape(dim, len(steps), dim)[np.arange(dim), fs.argmin(axis=1)]
+                                              - x)[np.arange(dim), np.arange(dim)], 0.0)
+        if not move.any():
+            step /= 4
+            max_evals -= fs.size
+            continue
+        line = np.clip(x[None, :] + alphas[:, None] * move[None, :], 0.0, 1.0)
+        fl = objective(line)
+        max_evals -= fs.size + len(fl)
+        options = [(float(fs.min()), cand[int(fs.argmin())]), (float(fl.min()), line[int(fl.argmin())])]
+        best_f, best_x = min(options, key=lambda o: o[0])
+        if best_f < f:
+            x, f = best_x.copy(), best_f
+        else:
+            step /= 4
+    return x
 
 
 def at_bounds(factors: dict[str, float], rel: float = 0.01) -> dict[str, str]:
@@ -236,13 +280,16 @@ def at_bounds(factors: dict[str, float], rel: float = 0.01) -> dict[str, str]:
 
 
 def fit(base: dict, runs, *, maxfev: int = 8000, progress: Callable[[int], None] | None = None,
-        keys: list[str] | None = None, prior_weight: float = PRIOR_WEIGHT, seed: int = 0) -> Fit:
+        keys: list[str] | None = None, prior_weight: float | None = None, seed: int = 0) -> Fit:
     """Fit the factors ``keys`` (default: those ``runs`` exercise, ``factors_seen``), starting from and
-    pulled towards the profile data ``base`` (its current factors are the priors). ``progress(n)`` is
+    pulled towards the profile data ``base`` (its current factors are the priors) with ``prior_weight``
+    (default: PRIOR_WEIGHT, firmer for few runs). ``progress(n)`` is
     called with the number of candidate factor sets scored so far (at most about ``maxfev``)."""
     base = json.loads(json.dumps(base))
     base.pop("calibration", None)
     keys = list(factors_seen(runs) if keys is None else keys)
+    if prior_weight is None:
+        prior_weight = max(PRIOR_WEIGHT, PRIOR_WEIGHT_RUNS / len(runs))
     before = run_errors(ClusterProfile.model_validate(base), runs)
     # The straggler factor is fitted apart, on the series' shapes, before and after the others: in
     # the MAPE its few-point drift is outweighed by the level of every run, which the efficiencies
@@ -320,7 +367,7 @@ def _fold(base: dict, train, held, keys: list[str], prior_weight: float, maxfev:
     return result.factors, [float(e) for e in errs]
 
 
-def cross_validate(base: dict, runs, *, prior_weight: float = PRIOR_WEIGHT, maxfev: int = 8000,
+def cross_validate(base: dict, runs, *, prior_weight: float | None = None, maxfev: int = 8000,
                    workers: int | None = None, progress: Callable[[str], None] | None = None) -> CrossValidation:
     """Leave-one-source-out: refit ``base``'s factors (the same factors the in-sample fit fits, from
     the same priors) without each source's runs, and score that source's runs with them. The folds run
@@ -366,7 +413,7 @@ def base_profile(base: dict, factors: dict[str, float]) -> ClusterProfile:
     return ClusterProfile.model_validate(_set_factors(data, list(factors), list(factors.values())))
 
 
-def fit_profile(name: str, runs, *, prior_weight: float = PRIOR_WEIGHT) -> dict:
+def fit_profile(name: str, runs, *, prior_weight: float | None = None) -> dict:
     """The calibration file of shipped profile ``name`` (``calibration/<name>.json``), fitted on
     published ``runs`` from its YAML priors."""
     result = fit(raw(name), runs, prior_weight=prior_weight)

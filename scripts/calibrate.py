@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import hardware_profiles  # noqa: E402
 from app.formats.validation import read_runs  # noqa: E402
-from hardware_profiles.calibrate import PRIOR_WEIGHT, cross_validate, fit_profile  # noqa: E402
+from hardware_profiles.calibrate import PRIOR_WEIGHT, PRIOR_WEIGHT_RUNS, cross_validate, fit_profile  # noqa: E402
 
 DEFAULT_RUNS = ROOT.parent / "shared" / "validation" / "calibration_runs.json"
 
@@ -75,7 +75,8 @@ def main(argv=None) -> int:
             result["cv_sources"] = len(cv.groups)
         print(f"{name}: {len(runs)} runs, MAPE {result['mape_before']:.3f} -> {result['mape_after']:.3f}"
               + (f", CV {result['cv_mape']:.3f}" if args.cv else "")
-              + f" (prior weight {PRIOR_WEIGHT:g}); {result['factors']}; at bound: {result['at_bound'] or 'none'}",
+              + f" (prior weight {max(PRIOR_WEIGHT, PRIOR_WEIGHT_RUNS / len(runs)):g}); {result['factors']}; "
+              f"at bound: {result['at_bound'] or 'none'}",
               flush=True)
         if not args.dry_run:
             out = hardware_profiles.CALIBRATION_DIR / f"{name}.json"

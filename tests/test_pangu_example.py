@@ -38,4 +38,8 @@ def test_overlaps_matter(results):
     assert without["step_time_s"] > with_ov["step_time_s"]
     assert without["time"]["ep_comm_s"] > with_ov["time"]["ep_comm_s"]
     assert without["time"]["tp_comm_s"] > with_ov["time"]["tp_comm_s"]
-    assert without["time"]["compute_s"] == pytest.approx(with_ov["time"]["compute_s"])
+    # The breakdown is the critical pipeline rank's. With the overlaps hidden, that is the rank with the
+    # most compute (the last: output head and loss); without them a middle MoE rank, held up by its
+    # exposed all-to-all, can set the step. The overlaps add no compute, so that rank's compute is at
+    # most the largest.
+    assert without["time"]["compute_s"] <= with_ov["time"]["compute_s"] * (1 + 1e-9)

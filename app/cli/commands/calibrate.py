@@ -54,7 +54,7 @@ def _team_runs(path: str) -> list:
 @click.option("--name", default=None, help="The new profile's name (default: the output file's stem).")
 @click.option("--published", type=click.Path(dir_okay=False), default=None,
               help="Published runs to check the refit against (default: the shared calibration file).")
-@click.option("--max-evals", default=3000, show_default=True, type=click.IntRange(10, 100_000),
+@click.option("--max-evals", default=8000, show_default=True, type=click.IntRange(10, 100_000),
               help="At most this many candidate factor sets scored.")
 @click.option("--report", "report_file", type=click.Path(dir_okay=False), default=None,
               help="Also write the HTML calibration report (predicted-vs-measured scatter before and after).")

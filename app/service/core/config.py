@@ -59,15 +59,15 @@ class Settings(BaseSettings):
                                                                 "after it, 503 with Retry-After.")
 
     # Calibration (issue 14): a refit scores every measurement of the cluster once per candidate factor set
-    # (about 3 ms per run on one core), in the heavy turns above; these bound one refit's CPU time.
-    max_calibration_evals: int = Field(3000, ge=10, le=100_000, description="Candidate factor sets a profile "
+    # (a population of candidates per call: tens of microseconds per candidate and run on one core), in the heavy turns above; these bound one refit's CPU time.
+    max_calibration_evals: int = Field(8000, ge=10, le=100_000, description="Candidate factor sets a profile "
                                                                            "refit scores at most (its default "
                                                                            "and the cap of `max_evals`).")
-    max_calibration_run_evals: int = Field(60_000, ge=100, le=10_000_000, description="Run scorings one refit "
-                                                                                     "does at most (about 3 minutes "
-                                                                                     "on one core): `max_evals` is "
-                                                                                     "lowered to this over the "
-                                                                                     "number of measurements.")
+    max_calibration_run_evals: int = Field(400_000, ge=100, le=10_000_000, description="Run scorings one refit "
+                                                                                      "does at most (about a minute "
+                                                                                      "on one core): `max_evals` is "
+                                                                                      "lowered to this over the "
+                                                                                      "number of measurements.")
     max_measurements: int = Field(200, ge=1, le=10_000, description="Measurements one API key may keep per "
                                                                     "cluster (a refit fits on all of them).")
 

@@ -116,7 +116,7 @@ def delete_measurement(db: Session, owner: str, cluster: str, measurement_id: st
 # --- versions -----------------------------------------------------------------------------------------
 
 def create_version(db: Session, owner: str, cluster: str, max_evals: int,
-                   max_run_evals: int = 60_000) -> ProfileVersion:
+                   max_run_evals: int = 400_000) -> ProfileVersion:
     """Refit ``cluster``'s shipped profile on all of ``owner``'s measurements of it and store the result
     as the owner's next version. CPU-bound for seconds: the caller runs it off the event loop, in a
     heavy turn. No connection is held during the fit. Each candidate factor set scores every run, so
