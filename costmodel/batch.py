@@ -46,7 +46,7 @@ EMA_CODES = {"none": 0, "device": 1, "host": 2}
 _LATER_COLUMNS = ("moe_a2a_hierarchical", "cp_comm", "main_grads_bytes", "main_params_bytes",
                   "exp_avg_bytes", "exp_avg_sq_bytes", "schedule", "offload_modules", "moe_expert_replicas",
                   "moe_dispatcher", "attention_kernel", "fp8_recipe", "delay_wgrad", "act_fp8_input_store",
-                  "parameter_ema")
+                  "parameter_ema", "mla_fa_without_pad")
 
 
 @functools.cache
@@ -109,6 +109,7 @@ class ConfigBatch:
     delay_wgrad: np.ndarray | None = None  # 1 delayed, 0 not, NO_VALUE = with moe_a2a_overlap (``delays_wgrad``)
     act_fp8_input_store: np.ndarray | None = None  # the SwiGLU input stored in FP8 for the backward
     parameter_ema: np.ndarray | None = None  # EMA_CODES
+    mla_fa_without_pad: np.ndarray | None = None  # MindSpeed's --mla-fa-without-pad (V not padded)
 
     def fp8_recipe_codes(self) -> np.ndarray:
         """The FP8 recipe in force per config (TrainingConfig.fp8_recipe_in_force): the stated one, else
@@ -211,6 +212,7 @@ class ConfigBatch:
                                           else int(c.delay_wgrad_compute)), np.int64),
             act_fp8_input_store=col(lambda c: c.activation_func_fp8_input_store, bool),
             parameter_ema=col(lambda c: EMA_CODES[c.parameter_ema], np.int64),
+            mla_fa_without_pad=col(lambda c: c.mla_fa_without_pad, bool),
         )
 
     def take(self, idx: np.ndarray) -> "ConfigBatch":

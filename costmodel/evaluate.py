@@ -346,7 +346,8 @@ def _layer_inputs(spec: ModelSpec, hw: Hardware, b: ConfigBatch,
                          a2a_hierarchical=b.moe_a2a_hierarchical, dispatcher=b.moe_dispatcher, cp_comm=b.cp_comm,
                          grad_accum_bytes=b.main_grads_bytes.astype(np.int64),
                          expert_replicas=b.moe_expert_replicas.astype(np.int64),
-                         fp8_quant_bytes=_fp8_quant_bytes(b))
+                         fp8_quant_bytes=_fp8_quant_bytes(b),
+                         pad_v_head=(~b.mla_fa_without_pad) & hw.fa_pads_v_head & spec.multi_latent_attention)
     holds_head = (spec.untie_embeddings_and_output_weights | (b.pp > 1)).astype(np.int64)
     # The last stage also keeps a copy of the embedding when MTP needs it there (pp > 1): a second
     # V·h/tp matrix, added as a count (adding the two bool arrays would be a logical or). Not under

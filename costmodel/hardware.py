@@ -39,6 +39,9 @@ class Hardware:
     # and the host memory of a node; 0 when the profile states no host link.
     host_bytes_per_s: float = 0.0
     host_memory_bytes: float = 0.0
+    # The framework's flash-attention path pads V to the QK head dim where they differ (MLA): MindSpeed-LLM
+    # on Ascend (profile fact flash_attention_pads_v_head); GPU flash kernels take unequal dims.
+    fa_pads_v_head: bool = False
 
     @classmethod
     def from_profile(cls, p: ClusterProfile, factors: dict | None = None) -> "Hardware":
@@ -83,4 +86,6 @@ class Hardware:
             host_bytes_per_s=(p.fact("host_link_bandwidth_gbps") * 1e9 / p.fact("host_link_devices")
                               if p.has_host_link else 0.0),
             host_memory_bytes=p.fact("host_memory_gib") * GIB if p.has_host_link else 0.0,
+            fa_pads_v_head=bool(p.facts["flash_attention_pads_v_head"].value)
+            if "flash_attention_pads_v_head" in p.facts else False,
         )

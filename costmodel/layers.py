@@ -105,6 +105,7 @@ class Context:
     grad_accum_bytes: np.ndarray  # bytes per element of the main gradients (integer, main_grads_dtype)
     expert_replicas: np.ndarray  # extra expert slots per EP rank (copies of hot experts, routing.py)
     fp8_quant_bytes: np.ndarray  # bytes per element to quantise an FP8 GEMM operand (0 in BF16; compute.py)
+    pad_v_head: np.ndarray  # the flash kernel computes V at the QK head dim (Hardware.fa_pads_v_head)
 
     def drops(self, module: str) -> np.ndarray:
         return (self.modules & MODULE_BITS[module]) != 0
@@ -166,7 +167,7 @@ def attention_block(ctx: Context) -> Cost:
     # Causal: each token scores against half the sequence on average (core_flops counts it so too).
     scores = core_flops / (2.0 * (spec.qk_dim + spec.v_dim))
     ulysses, ring = _cp_degrees(ctx)
-    core_fwd, core_bwd = _attention_core(ctx, core_flops, scores, ring)
+    core_fwd, core_bwd = _attention_core(ctx, core_flops * _padded_v_ratio(ctx), scores, ring)
     norm_bytes = NORM_BYTES * s.tokens_sp * h + latent_norm_bytes
     mem_fwd = memory_bound_s(norm_bytes + RESIDUAL_BYTES * s.tokens_sp * h, hw)
     fwd = gemms + core_fwd + mem_fwd + cast_fwd
@@ -197,6 +198,17 @@ def attention_block(ctx: Context) -> Cost:
         dense_params=params.sharded / tp + params.replicated + 2.0 * h + z, expert_params=z,
         # the weight-gradient half of the projections' backward (BACKWARD_FACTOR: dgrad + wgrad)
         delayed_wgrad_s=gemms + z)
+
+
+def _padded_v_ratio(ctx: Context) -> np.ndarray:
+    """Attention-core work the flash kernel does over what the model needs: MindSpeed-LLM's MLA pads V
+    from v_head_dim to the QK head dim (192 for DeepSeek-V2/V3) where its flash path needs equal head
+    dims, and slices the output back (modellink/core/transformer/multi_head_latent_attention.py at
+    d58c5688, the ``F.pad(value, [0, q_head_dim - v_head_dim])`` branch of --shape-order BNSD, which the
+    DeepSeek-V2 scripts pass; --mla-fa-without-pad, 2025, turns it off): the PV matmul, the output and
+    their gradients run at (qk + qk)/(qk + v) of the unpadded work. The model FLOPs (MFU) stay unpadded."""
+    spec = ctx.spec
+    return np.where(ctx.pad_v_head, (2.0 * spec.qk_dim) / (spec.qk_dim + spec.v_dim), 1.0)
 
 
 def _attention_core(ctx: Context, core_flops, scores, ring) -> tuple[np.ndarray, np.ndarray]:

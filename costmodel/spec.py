@@ -230,6 +230,10 @@ class TrainingConfig(BaseModel):
     # CPU memory and updated asynchronously: no device memory, no step time). No Megatron-LM or MindSpeed
     # flag (NeMo's exp_manager.ema with cpu_offload is the nearest): the field is named after the paper.
     parameter_ema: Literal["none", "device", "host"] = "none"
+    # MindSpeed-LLM's --mla-fa-without-pad (2025): without it, its MLA pads V from v_head_dim to the QK
+    # head dim before the Ascend flash kernel and slices the output back (see Hardware.fa_pads_v_head).
+    # Only a profile whose flash path pads (fact flash_attention_pads_v_head) is affected.
+    mla_fa_without_pad: bool = False
     moe_load_imbalance: float | None = Field(default=None, ge=1.0, le=64.0)
     # The router's expected per-expert token shares (any positive numbers, one per expert, normalised
     # by their sum), or a Zipf skew of one parameter, and where experts sit on the EP ranks: the

@@ -91,6 +91,7 @@ FIELDS = {
     "main_params_dtype": "_optimizer_dtypes", "exp_avg_dtype": "_optimizer_dtypes",
     "exp_avg_sq_dtype": "_optimizer_dtypes", "data_parallel_sharding_strategy": "_sharding",
     "attention_kernel": "_attention",
+    "mla_fa_without_pad": "_attention (MindSpeed-LLM --mla-fa-without-pad; Megatron-LM has no padding to turn off)",
     "fp8_recipe": "_fp8 (--fp8-recipe)", "delay_wgrad_compute": "_moe (--delay-wgrad-compute)",
     "activation_func_fp8_input_store": "_memory_savings: refused (a TransformerConfig field, no command-line flag)",
     "parameter_ema": "_memory_savings: refused unless none (no EMA flag in either framework)",
@@ -240,6 +241,9 @@ def _memory_savings(cfg: TrainingConfig, ms: bool) -> tuple[list[str], list[Refu
     if cfg.parameter_ema != "none":
         bad.append(Refusal("parameter_ema", cfg.parameter_ema, "neither Megatron-LM nor MindSpeed-LLM keeps an "
                                                                "EMA of the parameters (no launch flag)"))
+    if cfg.mla_fa_without_pad and not ms:
+        bad.append(Refusal("mla_fa_without_pad", True, "Megatron-LM's attention takes unequal QK and V head dims: "
+                                                       "there is no padding to turn off (a MindSpeed-LLM flag)"))
     return args, bad
 
 
@@ -670,9 +674,11 @@ def _attention(cfg: TrainingConfig, ms: bool) -> list[str]:
     flash states nothing, unfused is --attention-backend unfused (before core_r0.10 unfused was the
     default and --use-flash-attn opted in). MindSpeed-LLM: --use-flash-attn (MindSpeed features_manager/
     transformer/flash_attention/fusion_attention_v1_feature.py, npu_fusion_attention), left out for the
-    unfused path."""
+    unfused path. MindSpeed-LLM's --mla-fa-without-pad keeps its MLA from padding V to the QK head dim
+    (mla_fa_without_pad); Megatron-LM's attention takes unequal head dims and has nothing to turn off."""
     if ms:
-        return ["--use-flash-attn"] if cfg.attention_kernel == "flash" else []
+        return (["--use-flash-attn"] if cfg.attention_kernel == "flash" else []) + (
+            ["--mla-fa-without-pad"] if cfg.mla_fa_without_pad else [])
     return [] if cfg.attention_kernel == "flash" else ["--attention-backend", "unfused"]
 
 

@@ -464,6 +464,8 @@ class SearchSpace:
             out["act_fp8_input_store"] = np.full(n, bool(c["activation_func_fp8_input_store"]))
         if "parameter_ema" in c:
             out["parameter_ema"] = np.full(n, EMA_CODES[c["parameter_ema"]], dtype=np.int64)
+        if "mla_fa_without_pad" in c:
+            out["mla_fa_without_pad"] = np.full(n, bool(c["mla_fa_without_pad"]))
         return out
 
     def _option_columns(self) -> dict[str, np.ndarray]:
@@ -806,7 +808,7 @@ def _no_config_error(devices: int, global_batch_size: int, node_size: int) -> Sp
 ROUTING_FIELDS = ("moe_expert_load", "moe_expert_skew", "expert_placement", "moe_expert_replicas")
 CONSTANT_FIELDS = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
                    "data_parallel_sharding_strategy", "moe_token_dispatcher_type", "attention_kernel", "fp8_recipe",
-                   "delay_wgrad_compute", "activation_func_fp8_input_store", "parameter_ema")
+                   "delay_wgrad_compute", "activation_func_fp8_input_store", "parameter_ema", "mla_fa_without_pad")
 
 
 def _with_dispatch_pin(fixed: dict) -> dict:

@@ -204,3 +204,42 @@ def test_launch_flags_of_the_attention_kernel_and_gemma2_fields():
     mg = launch_args(unfused, spec, "megatron")
     assert mg[mg.index("--attention-backend") + 1] == "unfused"
     assert "--attention-backend" not in launch_args(flash, spec, "megatron")
+
+
+def _mla_core_s(profile_name: str, without_pad: bool) -> float:
+    """Attention-core forward time of one tiny-mla-moe layer (qk 32 + rope 16 = 48, v 32) on a profile."""
+    import hardware_profiles
+    from costmodel import ConfigBatch
+    from costmodel.evaluate import _layer_inputs, _shapes
+
+    spec = model_presets.load("tiny-mla-moe")
+    cfg = TrainingConfig(global_batch_size=8, mla_fa_without_pad=without_pad)
+    b = ConfigBatch.from_configs([cfg])
+    hw = Hardware.from_profile(hardware_profiles.load(profile_name))
+    ctx, _ = _layer_inputs(spec, hw, b, _shapes(spec, b, np.array([1])))
+    core_flops = b.micro_batch_size * spec.seq_length * spec.seq_length * spec.num_attention_heads * (
+        spec.qk_dim + spec.v_dim)
+    return float((core_flops * layers._padded_v_ratio(ctx))[0]), float(core_flops[0])
+
+
+def test_mindspeed_pads_the_mla_value_head_on_ascend_only():
+    """MindSpeed-LLM's MLA pads V (32) to the QK head dim (48) before the Ascend flash kernel: the core
+    runs (48 + 48) / (48 + 32) = 1.2 times the work; --mla-fa-without-pad and GPU profiles do not pad."""
+    padded, model = _mla_core_s("ascend-910b", without_pad=False)
+    assert padded == pytest.approx(model * 96 / 80)
+    assert _mla_core_s("ascend-910b", without_pad=True)[0] == pytest.approx(model)
+    assert _mla_core_s("nvidia-h100-80gb", without_pad=False)[0] == pytest.approx(model)
+
+
+def test_padding_slows_the_step_but_not_the_model_flops():
+    spec = model_presets.load("tiny-mla-moe")
+    import hardware_profiles
+
+    prof = hardware_profiles.load("ascend-910b")
+    pad = evaluate(spec, prof, 8, TrainingConfig(global_batch_size=8))
+    nopad = evaluate(spec, prof, 8, TrainingConfig(global_batch_size=8, mla_fa_without_pad=True))
+    assert pad["step_time_s"] > nopad["step_time_s"]
+    # MFU counts the model's FLOPs: per token the same, so MFU scales with tokens/s alone
+    assert pad["mfu"] / nopad["mfu"] == pytest.approx(pad["tokens_per_s"] / nopad["tokens_per_s"])
+    assert launch_args({"global_batch_size": 8, "mla_fa_without_pad": True}, spec, "mindspeed").count(
+        "--mla-fa-without-pad") == 1
