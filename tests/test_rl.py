@@ -90,7 +90,9 @@ def small(preset, round_profile):
 def test_forward_pass_is_the_forward_share_of_the_step(small, round_profile):
     spec, wl, ev = small
     t = ev["time"]
-    assert ev["hfu"] == ev["mfu"]  # no recompute: the forward is 2 of the 6 FLOPs per parameter and token
+    # no recompute: the forward is 2 of the 6 FLOPs per parameter and token (the two are computed in a
+    # different order, so equal to the last bit or two)
+    assert ev["hfu"] == pytest.approx(ev["mfu"], rel=1e-12)
     work = ev["step_time_s"] - t["optimizer_s"] - t["dp_comm_exposed_s"]
     assert rl.forward_pass_s(ev) == pytest.approx(work / 3, rel=1e-12)
     # full recompute repeats the forward in the backward: 8 FLOPs of work per 2 of forward
