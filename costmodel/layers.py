@@ -39,7 +39,7 @@ ROUTING_META_BYTES = 8 + BF16_BYTES
 # approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (Hendrycks & Gimpel 2016; HF
 # gelu_pytorch_tanh as its formula): x³, ·0.044715, ·√(2/π), tanh, 1 +, 0.5·x unary (6 × 4) and the
 # two binary (x + …, the last product: 2 × 6) = 36 B in eight kernels; a gated (GLU) MLP adds the
-# product with the up projection (6 B): nine kernels for GeGLU-tanh, as issue 33 counts MindSpeed's
+# product with the up projection (6 B): nine kernels for GeGLU-tanh, as MindSpeed's
 # path. Fused (Megatron's bias_swiglu / bias_gelu / bias_geglu jit kernels, MindSpeed --use-fused-swiglu):
 # one pass, reading the fc1 output(s) and writing the fc2 input, as the cost model has always priced it.
 UNFUSED_ACTIVATION_BYTES = {"silu": 2 * BF16_BYTES, "gelu": 2 * BF16_BYTES, "gelu_tanh": 6 * 2 * BF16_BYTES + 2 * 3 * BF16_BYTES}

@@ -160,21 +160,19 @@ class RunScorer:
             self._batches[key] = ConfigBatch.from_configs([self.runs[i].config] * n)
         return self._batches[key]
 
-    def errors(self, factors: dict[str, np.ndarray], runs: list[int] | None = None) -> np.ndarray:
+    def errors(self, factors: dict[str, np.ndarray]) -> np.ndarray:
         """(candidates, runs) relative errors of tokens/s per device; ``factors`` maps profile keys
         to arrays of one value per candidate (or scalars: one candidate). A candidate under which a
         run is invalid or not finite counts |error| 1, as ``paraplan validate`` counts it."""
         n = max([np.size(v) for v in factors.values()] + [1])
         hw = Hardware.from_profile(self.profile, {k: np.broadcast_to(np.asarray(v, float), (n,))
                                                   for k, v in factors.items()})
-        idx = range(len(self.runs)) if runs is None else runs
-        out = np.empty((n, len(idx)))
-        for j, i in enumerate(idx):
-            run = self.runs[i]
+        out = np.empty((n, len(self.runs)))
+        for i, run in enumerate(self.runs):
             res = evaluate_batch(run.spec, self.profile, run.devices, self._batch(i, n), keep_stages=False, hw=hw)
             pred = np.where(res.valid, res.tokens_per_s_per_device, np.nan)
             err = pred / self.reported[i] - 1.0
-            out[:, j] = np.where(np.isfinite(err), err, 1.0)
+            out[:, i] = np.where(np.isfinite(err), err, 1.0)
         self.calls += n
         return out
 
@@ -203,18 +201,18 @@ def _ask_tell(objective: Callable[[np.ndarray], np.ndarray], dim: int, x0: np.nd
     point seen."""
     from cmaes import CMA
 
+    best_x, best_f = x0.copy(), float(objective(x0[None, :])[0])
+    stale, evals = 0, 1
+    # The last third of the budget is the polish's (``_polish``); a budget too small for a CMA-ES to learn
+    # anything (under 20 candidates a factor) is all the polish's.
+    budget, max_evals = max_evals, max_evals * 2 // 3
+    if budget < 20 * dim:
+        return _polish(objective, best_x, best_f, budget - evals)
     # A budget of a few thousand candidates buys ~100 generations of a smaller population (CMA-ES needs
-    # generations more than width to converge); tiny budgets still get a few generations of 4.
-    # The last third of the budget is the polish's (``_polish``); a budget too small for a CMA-ES to
-    # learn anything (under 20 candidates a factor) is all the polish's.
-    budget, max_evals = max_evals, (max_evals * 2 // 3 if max_evals >= 20 * dim else 0)
+    # generations more than width to converge).
     population = int(np.clip(max_evals // 200, 4, POPULATION))
     opt = CMA(mean=x0.copy(), sigma=0.15, bounds=np.array([[0.0, 1.0]] * dim), seed=seed,
               population_size=population)
-    best_x, best_f = x0.copy(), float(objective(x0[None, :])[0])
-    stale, evals = 0, 1
-    if max_evals == 0:
-        return _polish(objective, best_x, best_f, budget - evals)
     for _ in range(MAX_GENERATIONS):
         if evals + population > max_evals or opt.should_stop():
             break
@@ -249,8 +247,9 @@ def _polish(objective: Callable[[np.ndarray], np.ndarray], x: np.ndarray, f: flo
             cand[i * len(steps):(i + 1) * len(steps), i] += step * steps
         cand = np.clip(cand, 0.0, 1.0)
         fs = objective(cand).reshape(dim, len(steps))
-        move = np.where(fs.min(axis=1) < f, (cand.reshape(dim, len(steps), dim)[np.arange(dim), fs.argmin(axis=1)]
-                                              - x)[np.arange(dim), np.arange(dim)], 0.0)
+        # each coordinate's best step (as clipped), where it beats the current point
+        best = cand[np.arange(dim) * len(steps) + fs.argmin(axis=1), np.arange(dim)]
+        move = np.where(fs.min(axis=1) < f, best - x, 0.0)
         if not move.any():
             step /= 4
             max_evals -= fs.size

@@ -8,6 +8,7 @@ figure compared. A run that cannot be scored (bad spec, unknown profile, invalid
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,7 +169,5 @@ def cv_folds(runs: list[Run]) -> int:
     from hardware_profiles.calibrate import source_group
 
     groups = {(r.cluster, source_group(r)) for r in runs if r.problem is None and r.cluster in hardware_profiles.names()}
-    per = {}
-    for c, _ in groups:
-        per[c] = per.get(c, 0) + 1
-    return sum(n for n in per.values() if n >= 2)
+    per_cluster = Counter(c for c, _ in groups)
+    return sum(n for n in per_cluster.values() if n >= 2)  # one source alone is not cross-validated
