@@ -309,6 +309,14 @@ def on_files(files, config):
     return files
 
 
+def on_page_content(html, page, config, files):
+    """MkDocs hook: an option without a default shows an empty cell, not click's internal ``Sentinel.UNSET``
+    (click 8.2 and later mark "no default" with it, which mkdocs-click prints as it is)."""
+    if page.file.src_uri == "reference/cli.md":
+        html = html.replace("<td><code>Sentinel.UNSET</code></td>", "<td></td>")
+    return html
+
+
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "schema"
     print(pages()[f"reference/{which}.md" if which != "openapi" else "reference/openapi.json"])

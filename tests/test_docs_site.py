@@ -80,6 +80,7 @@ def test_the_cli_reference_has_every_command_and_option(site):
     from app.cli.main import main
 
     text = _text((site / "reference" / "cli.html").read_text())
+    assert "Sentinel" not in text  # click's "no default" marker is no default a user can give
     for name, command in main.commands.items():
         assert f"paraplan {name}" in text, name
         for param in command.params:
