@@ -184,12 +184,17 @@ def _field_comments(cls) -> dict[str, str]:
 
 
 def _type_name(annotation) -> str:
-    text = repr(annotation) if not isinstance(annotation, type) else annotation.__name__
+    """A field's type as a user reads it: ``int``, ``int or None``, ``'flat', 'hierarchical' or None``."""
+    text = annotation.__name__ if isinstance(annotation, type) else repr(annotation)
     for noise in ("typing.", "annotated_types.", "costmodel.spec."):
         text = text.replace(noise, "")
-    if typing.get_origin(annotation) is typing.Annotated or "Annotated[int, Gt(gt=0)]" in text:
-        text = text.replace("Annotated[int, Gt(gt=0)]", "PositiveInt")
-    return text.replace("NoneType", "None")
+    text = text.replace("Annotated[int, Gt(gt=0)]", "PositiveInt").replace("NoneType", "None")
+    if text.startswith("Optional[") and text.endswith("]"):
+        text = text[len("Optional["):-1] + " | None"
+    if text.startswith("Union[") and text.endswith("]"):
+        text = text[len("Union["):-1].replace(", list", " | list").replace(", ", ", ")
+    text = text.replace("PositiveInt", "int > 0")
+    return text.replace(" | ", " or ")
 
 
 def _constraints(info) -> str:
@@ -212,7 +217,7 @@ def _model_table(cls) -> list[str]:
         note = _cell(info.description or comments.get(name, ""))
         if bounds:
             note = f"{bounds}. {note}" if note else bounds
-        lines.append(f"| `{name}` | `{_cell(_type_name(info.annotation))}` | {default} | {note} |")
+        lines.append(f"| `{name}` | `{_type_name(info.annotation)}` | {default} | {note} |")
     return lines + [""]
 
 
