@@ -228,7 +228,6 @@ def _doc(cls) -> str:
 def schema_page() -> str:
     import yaml
 
-    import hardware_profiles
     import model_presets
     from costmodel import spec
 
@@ -268,7 +267,6 @@ def schema_page() -> str:
     for path in sorted((ROOT / "hardware_profiles").glob("*.yaml")):
         raw = yaml.safe_load(path.read_text())
         lines.append(f"| `{raw['name']}` | {_cell(raw.get('description', ''))} |")
-    del hardware_profiles
     return "\n".join(lines + [""])
 
 
