@@ -1,5 +1,5 @@
 """The capacity plan's speed: Pangu Ultra MoE 718B on ascend-910b, 1,024–16,384 NPUs in steps of 512, 19T
-tokens (README, "Capacity planning"), on one thread; then the planner's best against the full exhaustive
+tokens (docs/guides/capacity.md), on one thread; then the planner's best against the full exhaustive
 search's at a few counts (the gap the planning pins cost). Run from the repository root:
 
     .venv/bin/python benchmarks/plan.py [--compare 1024,6144,16384]

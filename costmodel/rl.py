@@ -252,7 +252,7 @@ def weight_sync_s(spec: ModelSpec, hw: Hardware, tp, rollout_devices: int, train
     The two run in turn, bucket by bucket, and each tensor pays the per-tensor host work
     (``refit_tensors_s``). Measured for DeepSeek-V3 with training TP1/PP16/EP16 and vLLM TP32: 14.21 s
     (NeMo-RL docs/guides/checkpoint-engine-refit.md, NCCL column, not used to set the per-tensor cost);
-    this prices about 7.1 s of transfers + 7.7 s of tensors: 14.9 s (README; the parts are rounded)."""
+    this prices about 7.1 s of transfers + 7.7 s of tensors: 14.9 s (docs/guides/rl.md; the parts are rounded)."""
     full = inference.full_weight_bytes(spec) + 0.0 * np.asarray(tp)
     gather = comm.all_gather_s(full, 1, np.asarray(train_devices), hw)
     return gather + broadcast_s(full, rollout_devices + train_devices, hw) + refit_tensors_s(spec)

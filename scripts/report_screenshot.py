@@ -1,8 +1,8 @@
 """Screenshot of a job report (``app/formats/report.py``) in headless Chromium, with no network at all.
 
-Runs a search in memory (default: the README's Pangu Ultra MoE 718B job on 6,144 Ascend 910B, TPE, 200
+Runs a search in memory (default: the Pangu Ultra MoE 718B job on 6,144 Ascend 910B, TPE, 200
 trials, seed 7), renders its report, opens the HTML file in Debian's ``chromium`` with every host
-unresolvable, and writes the PNG. ``tests/test_report.py`` uses the same functions; the README shows
+unresolvable, and writes the PNG. ``tests/test_report.py`` uses the same functions; docs/guides/reports.md shows
 ``docs/report.png``, made with:
 
     .venv/bin/python scripts/report_screenshot.py docs/report.png

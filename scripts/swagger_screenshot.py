@@ -3,7 +3,7 @@
 Starts ``paraplan serve`` on a free loopback port with a temporary SQLite database (or uses
 ``--server URL``), opens ``/docs`` in Debian's ``chromium`` (``apt-get install chromium``; browser
 downloads are not reachable here) with every host except 127.0.0.1 unresolvable, and writes the PNG.
-``tests/test_swagger_ui.py`` runs the same code and checks the picture; the README shows
+``tests/test_swagger_ui.py`` runs the same code and checks the picture; docs/guides/service.md shows
 ``docs/swagger.png``, made with:
 
     .venv/bin/python scripts/swagger_screenshot.py docs/swagger.png

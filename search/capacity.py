@@ -6,7 +6,7 @@ Every count is one exhaustive search (``run_search(sampler="exhaustive")``, one 
 planning pins leave no offload plan for a second pass) over the *planning space*: the parallel layout
 (tp, pp, vpp, cp, ep, the pipeline split) and the micro-batch searched in full, the secondary options
 pinned (``planning_fixed``). What the pins cost was measured against the full search on Pangu Ultra MoE
-718B / ascend-910b (README, "Capacity planning"; ``benchmarks/plan.py`` prints it).
+718B / ascend-910b (docs/guides/capacity.md; ``benchmarks/plan.py`` prints it).
 
 The global batch is held in tokens across counts (``global_batch_size``, the rounding rule).
 """
@@ -28,7 +28,7 @@ SECONDS_PER_DAY = 86_400
 SECONDS_PER_HOUR = 3_600
 MAX_COUNTS = 256  # device counts in one plan: 256 exhaustive searches is minutes already; more is a typo
 DEFAULT_DEVICES_MAX = 16_384  # the largest published scale this project cites (Llama 3 405B on 16K H100s)
-MAX_COUNTS_BY_DEFAULT = 32  # the default step keeps a plan at ≤ 32 counts: under a minute for Pangu (README)
+MAX_COUNTS_BY_DEFAULT = 32  # the default step keeps a plan at ≤ 32 counts: under a minute for Pangu (docs/guides/capacity.md)
 # The batch (tokens per optimizer step) a preset was trained with, where it is published; the planner holds
 # it across counts unless told otherwise.
 PUBLISHED_BATCH_TOKENS = {
@@ -71,7 +71,7 @@ def planning_fixed(spec: ModelSpec) -> dict:
 
     Measured on Pangu Ultra MoE 718B / ascend-910b: the planner's best is 2.0 % below the full search's at
     1,024 NPUs and 1.0 % at 6,144 (the full search swaps the attention modules to host memory instead of
-    recomputing); README, "Capacity planning"."""
+    recomputing); docs/guides/capacity.md."""
     fixed: dict = {"offload_modules": [], "cp_comm_type": "a2a"}
     if spec.is_moe:
         fixed.update(etp=1, moe_a2a_overlap=True)

@@ -34,7 +34,7 @@ def require_chromium(find) -> str:
     """The headless browser ``find()`` returns, else a skip naming the package (a failure under CI).
 
     Never installs anything: tests do not change the machine. .ci/run installs Debian's ``chromium``; the
-    README says so for a developer."""
+    README's test command says so for a developer."""
     import pytest
 
     exe = find()
@@ -260,7 +260,7 @@ BIGGEST_EVALUATES = [
      "config": {"tp": 8, "pp": 100, "vpp": 50, "first_stage_layers": 149, "last_stage_layers": 149,
                 "micro_batch_size": 1, "global_batch_size": 100_000_000 // 1250 * 1250}},
 ]
-MEMORY_BOUND_MIB = 512  # README, "Heavy evaluates": the API process stays under this resident
+MEMORY_BOUND_MIB = 512  # docs/guides/service.md, "Heavy evaluates": the API process stays under this resident
 
 
 def peak_rss_mib(pid: int) -> float:

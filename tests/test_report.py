@@ -1,7 +1,7 @@
 """The job report (``app/formats/report.py``): from real small searches, self-contained (no http(s) script or
 stylesheet), four plots that Plotly really draws in headless Chromium with no network; ``paraplan
 report`` (file and ``--server``) and ``GET /v1/jobs/{id}/report`` (history read back from the Optuna
-study, whose name the README documents)."""
+study, whose name the service guide documents)."""
 
 from __future__ import annotations
 
@@ -174,11 +174,11 @@ def test_service_report_404_409_and_history_from_the_study(tmp_path):
         assert "No trial history (exhaustive" in _title(_figures(page)["plot-history"])
         assert "/v1/jobs/{job_id}/report" in client.get("/openapi.json").json()["paths"]
 
-        # the README's Optuna dashboard section: the study is `paraplan-job-<job id>` in DATABASE_URL
+        # the service guide's Optuna dashboard section: the study is `paraplan-job-<job id>` in DATABASE_URL
         import optuna
 
-        readme = (ROOT / "README.md").read_text()
-        assert "`paraplan-job-<job id>`" in readme and "optuna-dashboard $DATABASE_URL" in readme
+        guide = (ROOT / "docs" / "guides" / "service.md").read_text()
+        assert "`paraplan-job-<job id>`" in guide and "optuna-dashboard $DATABASE_URL" in guide
         names = optuna.get_all_study_names(optuna_storage(settings.database_url))
         assert f"paraplan-job-{job['id']}" in names
 

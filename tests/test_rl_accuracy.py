@@ -5,7 +5,7 @@ Bounds: the Qwen3-235B runs within 20 % (now +2 to +15 %), which is what the inp
 open: the prompt length is assumed, the response lengths are reduced to a mean (the table's, itself a
 5-step average that NeMo says does not match its own formula exactly) and a longest response (the
 recipe's limit), and the live batch is taken to thin linearly between them. The DeepSeek-V3 runs are
-predicted +84 to +116 % too fast (README, "RL post-training"; +140 to +160 % before the refit of the
+predicted +84 to +116 % too fast (docs/guides/rl.md; +140 to +160 % before the refit of the
 whole model, its per-tensor host cost and vLLM's sleep were priced). The rest is not found: NeMo-RL's
 own measurement of the 256-GPU recipe (NVIDIA-NeMo/RL PR #2779 baseline: 121 s a step, 57 s of it
 generation) leaves 64 s outside generation, where 23 s are predicted, and generation 45 % above the

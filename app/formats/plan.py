@@ -2,7 +2,7 @@
 
 ``{"inputs": {...}, "points": [{"devices", "feasible", "config", "evaluation", "tokens_per_s", "days",
 "device_hours", "cost", "pareto", ...}], "pareto": [devices], "chosen": devices | null, "chosen_reason",
-"plan_time_s", "planning_fixed"}`` (README, "Capacity planning").
+"plan_time_s", "planning_fixed"}`` (docs/guides/capacity.md).
 """
 
 from __future__ import annotations

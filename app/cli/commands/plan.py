@@ -93,8 +93,8 @@ def _run(req: PlanRequest) -> dict:
 @click.option("--framework", type=click.Choice(FRAMEWORKS), default=None,
               help="Training framework planned for (default: mindspeed for Ascend profiles, megatron otherwise).")
 @click.option("--fix", "fix", multiple=True, metavar="KEY=VALUE",
-              help="Pin a config field at every count (repeatable), over the planning pins (README, \"Capacity "
-                   "planning\"): e.g. --fix tp=1, or --fix 'offload_modules=[\"core_attn\"]' to plan with offload.")
+              help="Pin a config field at every count (repeatable), over the planning pins (docs/guides/capacity.md"
+                   "): e.g. --fix tp=1, or --fix 'offload_modules=[\"core_attn\"]' to plan with offload.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadline_days, price_per_device_hour,
          global_batch_tokens, precision, moe_load_imbalance, seq_length, memory_margin_gib, framework, fix,

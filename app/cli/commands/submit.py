@@ -1,7 +1,7 @@
 """``paraplan submit``: the CI client. Submits a search job to a ParaPlan server, follows it with
 ``--wait``, prints the ranked configs, and says through its exit code whether the plan is usable.
 
-Exit codes (README, "Service"): 0 the job succeeded with a feasible config (and MFU ≥ ``--min-mfu``),
+Exit codes (docs/guides/service.md): 0 the job succeeded with a feasible config (and MFU ≥ ``--min-mfu``),
 or was submitted (without ``--wait``); 2 bad input (here or as the server answered: 4xx); 3 no config
 fits; 4 the job failed or was cancelled; 5 the best MFU is below ``--min-mfu``; 6 ``--timeout``
 passed while waiting (the job goes on); 7 the server could not be reached or answered 5xx/429.

@@ -1,7 +1,7 @@
 """The service's settings, read from the environment in one place.
 
 ``DATABASE_URL`` and ``PARAPLAN_API_KEYS`` are the contract's names; every other setting is
-``PARAPLAN_<NAME>`` (e.g. ``PARAPLAN_MAX_TRIALS=2000``). The README's "Service" section lists them.
+``PARAPLAN_<NAME>`` (e.g. ``PARAPLAN_MAX_TRIALS=2000``). docs/reference/settings.md lists them (generated from this class).
 """
 
 from __future__ import annotations

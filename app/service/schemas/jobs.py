@@ -129,9 +129,9 @@ class JobCreate(BaseModel):
     model: str | dict[str, Any] = MODEL_FIELD
     cluster: str | dict[str, Any] = CLUSTER_FIELD
     kind: Literal["search", "plan", "rl"] = Field(
-        "search", description="`search` (the default); `plan`: a capacity plan over device counts (README, "
-                              "\"Capacity planning\"), its result the job's `plan`; `rl`: the best co-located and "
-                              "disaggregated plan of an RL post-training step (README, \"RL post-training\"), its "
+        "search", description="`search` (the default); `plan`: a capacity plan over device counts "
+                              "(docs/guides/capacity.md), its result the job's `plan`; `rl`: the best co-located and "
+                              "disaggregated plan of an RL post-training step (docs/guides/rl.md), its "
                               "result the job's `rl`.")
     devices: int | None = Field(None, ge=1, le=MAX_DEVICES, description="Number of devices (at most "
                                 "PARAPLAN_MAX_DEVICES). Required for a search and an rl job.",

@@ -29,7 +29,7 @@ from app.service.db.models import STATUSES, Job
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "jobs_by_status", "running_trials_done", "trials_per_second"]
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-# Most answers take well under 10 ms (README, "Service"), so the buckets start at 1 ms.
+# Most answers take well under 10 ms (docs/guides/service.md, "Measured"), so the buckets start at 1 ms.
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TRIALS_WINDOW_S = 60.0
 
