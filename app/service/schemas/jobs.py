@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from app.formats.bounds import (MAX_DEVICES, MAX_GLOBAL_BATCH_SIZE, MAX_MOE_LOAD_IMBALANCE, MAX_SEED,  # noqa: F401
                         MAX_SEQ_LENGTH, MAX_TIMEOUT_S, MAX_TOP_K, MAX_TRIALS, MIN_MOE_LOAD_IMBALANCE)
+from costmodel.resilience import ResilienceOptions
 from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
 from search.margin import DEFAULT_MEMORY_MARGIN_GIB, MAX_MEMORY_MARGIN_GIB
 
@@ -73,6 +74,13 @@ class SearchOptions(BaseModel):
                           "the launch arguments of the same format (`.../launch?format=`) carry every choice out. "
                           "Default: `mindspeed` (MindSpeed-LLM) for Ascend profiles, `megatron` (Megatron-LM) "
                           "otherwise (docs/search.md, \"Frameworks\").")
+    objective: Literal["throughput", "goodput"] = Field(
+        "throughput", description="What the search ranks by: tokens/s, or `goodput`, tokens/s with failures, "
+                                  "checkpoints and restarts priced (docs/goodput.md).")
+    resilience: ResilienceOptions = Field(
+        default_factory=ResilienceOptions,
+        description="Checkpoint mode and interval, hot spare nodes and checkpoint bandwidth overrides that every "
+                    "result's `goodput` block and a plan's effective days are priced with (docs/goodput.md).")
 
 
 # The fields only some job kinds take (besides model, cluster, kind and search, which every kind takes): a body
