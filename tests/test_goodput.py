@@ -182,3 +182,47 @@ def test_search_objective_goodput_ranks_by_effective_throughput():
     assert (out["best"]["evaluation"]["goodput"]["effective_tokens_per_s"]
             >= plain["best"]["evaluation"]["goodput"]["effective_tokens_per_s"])
     assert math.isfinite(out["best"]["evaluation"]["goodput"]["checkpoint_interval_s"])
+
+
+# ---- the service: the same options on a job (real SQLite file, in-process app, the embedded worker's code) ----
+JOB = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 16, "global_batch_size": 64,
+       "search": {"sampler": "exhaustive", "top_k": 4}}
+
+
+@pytest.mark.parametrize("resilience,field", [
+    ({"checkpoint_interval_s": 0}, "checkpoint_interval_s"),
+    ({"checkpoint_write_gbps_per_node": -3}, "checkpoint_write_gbps_per_node"),
+    ({"checkpoint_mode": "sometimes"}, "checkpoint_mode"),
+    ({"hot_spare_nodes": -1}, "hot_spare_nodes"),
+])
+def test_a_bad_job_resilience_value_is_422_naming_the_field(tmp_path, resilience, field):
+    from fastapi.testclient import TestClient
+
+    from app.service.core.config import Settings
+    from app.service.main import create_app
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'g.db'}", embedded_worker=False)
+    with TestClient(create_app(settings)) as client:
+        res = client.post("/v1/jobs", json={**JOB, "search": {**JOB["search"], "resilience": resilience}})
+        assert res.status_code == 422, res.text
+        assert res.json()["detail"][0]["loc"] == ["body", "search", "resilience", field]
+        assert client.get("/v1/jobs").json()["total"] == 0
+
+
+def test_a_goodput_job_ranks_by_goodput_and_every_config_has_the_block(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from app.service.core.config import Settings
+    from app.service.main import create_app
+    from app.service.worker import Worker
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'g.db'}", embedded_worker=False)
+    body = {**JOB, "search": {**JOB["search"], "objective": "goodput",
+                              "resilience": {"checkpoint_mode": "async", "hot_spare_nodes": 1}}}
+    with TestClient(create_app(settings)) as client:
+        job = client.post("/v1/jobs", json=body).json()
+        assert job["inputs"]["search"]["objective"] == "goodput"
+        assert Worker(settings).run_until_idle() == 1
+        items = client.get(f"/v1/jobs/{job['id']}/configs").json()["items"]
+    assert items and all(i["evaluation"]["goodput"]["checkpoint_mode"] == "async" for i in items)
+    assert all(i["evaluation"]["goodput"]["paid_devices"] == 16 + 8 for i in items)
