@@ -82,9 +82,9 @@ def scale_table() -> None:
           f"{'restart %':>10}{'goodput':>9}")
     for devices in (1_024, 2_048, 4_096, 8_192, 16_384):
         g = llama_eval(devices)["goodput"]
-        print(f"{devices:>8,}{g['interruptions_per_day']:>15.2f}{g['mtbf_h']:>8.2f}{g['checkpoint_interval_s'] / 60:>10.1f}"
-              f"{100 * g['checkpoint_overhead']:>8.2f}{100 * g['lost_fraction']:>8.2f}{100 * g['restart_fraction']:>10.2f}"
-              f"{g['goodput_fraction']:>9.3f}")
+        print(f"{devices:>8,}{g['interruptions_per_day']:>15.2f}{g['mtbf_h']:>8.2f}"
+              f"{g['checkpoint_interval_s'] / 60:>10.1f}{100 * g['checkpoint_overhead']:>8.2f}"
+              f"{100 * g['lost_fraction']:>8.2f}{100 * g['restart_fraction']:>10.2f}{g['goodput_fraction']:>9.3f}")
 
 
 if __name__ == "__main__":

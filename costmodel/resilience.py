@@ -142,9 +142,10 @@ def checkpoint_interval_s(given_s, stall_s, background_s, mtbf_s, step_s):
     """The interval used: the given one, else Young's optimum but no shorter than the background write
     (a checkpoint must be safe before the next starts); whole steps (checkpoints are taken between steps,
     Megatron's --save-interval counts iterations), at least one."""
-    want = young_daly_interval_s(stall_s, mtbf_s) if given_s is None else np.full_like(np.asarray(step_s, float), given_s)
     if given_s is None:
-        want = np.maximum(want, background_s)
+        want = np.maximum(young_daly_interval_s(stall_s, mtbf_s), background_s)
+    else:
+        want = np.full_like(np.asarray(step_s, dtype=np.float64), given_s)
     steps = np.maximum(np.ceil(want / step_s - 1e-9), 1.0)
     return steps * step_s, steps
 
@@ -182,7 +183,8 @@ def goodput_arrays(profile: ClusterProfile, devices: int, step_time_s, weights_b
     write_node = opts.checkpoint_write_gbps_per_node or reliability(profile, "checkpoint_write_gbps_per_node")
     read_node = opts.checkpoint_read_gbps_per_node or reliability(profile, "checkpoint_read_gbps_per_node")
     per_rank = checkpoint_bytes_per_rank(weights_bytes, optimizer_bytes, weight_replicas)
-    write = storage_transfer_s(per_rank, ranks_per_node, devices, write_node, reliability(profile, "storage_write_gbps"))
+    write = storage_transfer_s(per_rank, ranks_per_node, devices, write_node,
+                               reliability(profile, "storage_write_gbps"))
     d2h = device_to_host_s(per_rank, host_bytes_per_s)
     peer = peer_copy_s(per_rank, scale_out_bytes_per_s)
     mode = opts.checkpoint_mode

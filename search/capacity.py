@@ -220,7 +220,8 @@ def choose(points: list[dict], deadline_days: float | None, label: str = "") -> 
         return None, "no device count of the range has a config that fits"
     if deadline_days is None:
         best = min(ok, key=lambda p: (p["device_hours"], p["devices"]))
-        return best["devices"], f"no deadline: the count with the fewest {label}device-hours ({best['device_hours']:,.0f})"
+        return best["devices"], (f"no deadline: the count with the fewest {label}device-hours "
+                                 f"({best['device_hours']:,.0f})")
     meeting = [p for p in ok if p["days"] <= deadline_days]
     if not meeting:
         fastest = min(ok, key=lambda p: p["days"])

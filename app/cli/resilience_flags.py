@@ -24,7 +24,7 @@ def resilience_flags(with_objective: bool = False):
                          help="sync: the step waits for the write; async: only the device-to-host copy stalls "
                               "(Megatron --async-save); in_memory: copies to a peer's host memory (docs/goodput.md)."),
             click.option("--checkpoint-interval-s", type=float, default=None,
-                         help="Seconds of training between checkpoints (default: Young's optimum sqrt(2·cost·MTBF))."),
+                         help="Seconds of training between checkpoints (default: Young: sqrt(2·cost·MTBF))."),
             click.option("--hot-spare-nodes", type=int, default=0, show_default=True,
                          help="Standby nodes: a failure swaps one in instead of rescheduling; paid for while idle."),
             click.option("--checkpoint-write-gbps", "checkpoint_write_gbps_per_node", type=float, default=None,

@@ -62,8 +62,8 @@ def plan_figure(plan: dict) -> dict:
 
 
 def _table(plan: dict) -> str:
-    head = ("devices", "tp/pp/vpp/cp/ep/dp/mbs", "tokens/s", "MFU", "days", "device-hours", "cost", "Pareto", "deadline",
-            "effective days", "effective device-hours", "goodput", "interruptions", "checkpoint every")
+    head = ("devices", "tp/pp/vpp/cp/ep/dp/mbs", "tokens/s", "MFU", "days", "device-hours", "cost", "Pareto",
+            "deadline", "effective days", "effective device-hours", "goodput", "interruptions", "checkpoint every")
     rows = []
     for p in plan["points"]:
         cls = ' class="chosen"' if p["devices"] == plan.get("chosen") else ""
