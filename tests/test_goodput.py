@@ -226,3 +226,19 @@ def test_a_goodput_job_ranks_by_goodput_and_every_config_has_the_block(tmp_path)
         items = client.get(f"/v1/jobs/{job['id']}/configs").json()["items"]
     assert items and all(i["evaluation"]["goodput"]["checkpoint_mode"] == "async" for i in items)
     assert all(i["evaluation"]["goodput"]["paid_devices"] == 16 + 8 for i in items)
+
+
+def test_submit_checks_the_checkpoint_options_before_sending():
+    # no server listens on port 9: a bad option must be refused before any request
+    res = _cli("submit", "--server", "http://127.0.0.1:9", "--model", "gpt-1.3b", "--cluster", "nvidia-a100-80gb",
+               "--devices", "8", "--global-batch-size", "8", "--checkpoint-interval-s", "0")
+    assert res.returncode == 2 and "checkpoint_interval_s" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_the_flags_offer_what_the_model_and_the_search_take():
+    from app.cli import resilience_flags
+    from search.objective import OBJECTIVES
+
+    assert resilience_flags.CHECKPOINT_MODES == r.CHECKPOINT_MODES
+    assert resilience_flags.OBJECTIVES == OBJECTIVES

@@ -5,13 +5,13 @@ field (exit 2)."""
 from __future__ import annotations
 
 import click
-from pydantic import ValidationError
 
-from costmodel.resilience import CHECKPOINT_MODES, ResilienceOptions
-from search.objective import OBJECTIVES
+from app.formats.errors import InputError
 
-from app.formats.inputs import InputError
-
+# costmodel.resilience.CHECKPOINT_MODES and search.objective.OBJECTIVES, spelled out so that the thin client
+# (``paraplan submit``) does not import the cost model to build its flags (tests/test_goodput.py checks they agree)
+CHECKPOINT_MODES = ("sync", "async", "in_memory")
+OBJECTIVES = ("throughput", "goodput")
 FLAG_FIELDS = ("checkpoint_mode", "checkpoint_interval_s", "hot_spare_nodes", "checkpoint_write_gbps_per_node",
                "checkpoint_read_gbps_per_node")
 
@@ -42,8 +42,12 @@ def resilience_flags(with_objective: bool = False):
     return wrap
 
 
-def resilience_from_flags(flags: dict) -> ResilienceOptions:
-    """The options the flags give; ``InputError`` naming the first bad field."""
+def resilience_from_flags(flags: dict):
+    """The options the flags give (``ResilienceOptions``); ``InputError`` naming the first bad field."""
+    from pydantic import ValidationError
+
+    from costmodel.resilience import ResilienceOptions
+
     try:
         return ResilienceOptions(**{k: flags[k] for k in FLAG_FIELDS if k in flags})
     except ValidationError as exc:
