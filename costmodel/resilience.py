@@ -65,8 +65,9 @@ class ResilienceOptions(BaseModel):
     checkpoint_mode: Literal["sync", "async", "in_memory"] = "sync"
     checkpoint_interval_s: float | None = Field(default=None, gt=0, le=30 * SECONDS_PER_DAY)
     hot_spare_nodes: int = Field(default=0, ge=0, le=4096)
-    checkpoint_write_gbps_per_node: float | None = Field(default=None, gt=0, le=1e6)
-    checkpoint_read_gbps_per_node: float | None = Field(default=None, gt=0, le=1e6)
+    # at least 1 MB/s: a slower link is a typo, and keeps every time finite
+    checkpoint_write_gbps_per_node: float | None = Field(default=None, ge=1e-3, le=1e6)
+    checkpoint_read_gbps_per_node: float | None = Field(default=None, ge=1e-3, le=1e6)
 
 
 def reliability(profile: ClusterProfile, key: str) -> float:
@@ -221,6 +222,8 @@ def goodput_block(profile: ClusterProfile, devices: int, evaluation: dict, confi
                        np.array([mem["optimizer_gib"] * GIB]), config_dp_cp, host_bytes_per_s,
                        scale_out_bytes_per_s, opts)
     x = {k: float(np.asarray(v).ravel()[0]) for k, v in a.items()}
+    if not all(np.isfinite(list(x.values()))):  # a profile beyond any real machine: nothing to report
+        return None
     per_day = (x["unexpected"] + x["planned"]) * SECONDS_PER_DAY
     interval, stall = x["interval"], x["stall"]
     overhead = stall / (interval + stall)

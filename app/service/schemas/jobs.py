@@ -96,7 +96,8 @@ KIND_REQUIRED = {"search": ("devices", "global_batch_size"), "rl": ("devices",)}
 # The `search` options a kind's runs do not read (a plan is one exhaustive search per count; an rl job's
 # training searches take the request's sampler, top 3 and seed): given, they are a 422 naming them.
 _SAMPLING = ("sampler", "n_trials", "top_k", "timeout_s", "parallel_workers", "allow_cross_domain_tp")
-KIND_UNUSED_OPTIONS = {"search": (), "plan": (*_SAMPLING, "seed"), "rl": _SAMPLING}
+KIND_UNUSED_OPTIONS = {"search": (), "plan": (*_SAMPLING, "seed", "objective"),
+                       "rl": (*_SAMPLING, "objective", "resilience")}
 
 
 def _kind_errors(data) -> list[dict]:
