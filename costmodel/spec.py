@@ -480,8 +480,9 @@ class ClusterProfile(BaseModel):
                 raise ValueError(f"facts.{k} must be a positive number")
         for k, f in self.reliability.items():
             # rates and times may be 0 (a perfect part, an instant step); bandwidths must move data
-            if f.value is None or not math.isfinite(f.value) or f.value < 0 or (k.endswith("_gbps") and f.value == 0):
-                raise ValueError(f"reliability.{k} must be a {'positive' if k.endswith('_gbps') else 'non-negative'} "
+            bandwidth = k.endswith("_gbps")
+            if f.value is None or not math.isfinite(f.value) or f.value < 0 or (bandwidth and f.value == 0):
+                raise ValueError(f"reliability.{k} must be a {'positive' if bandwidth else 'non-negative'} "
                                  f"number (got {f.value})")
         return self
 

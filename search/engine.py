@@ -15,6 +15,7 @@ from costmodel import ClusterProfile, ModelSpec, TrainingConfig, evaluate_many
 
 from .exhaustive import ProgressFn, Ranked, run_exhaustive
 from .margin import DEFAULT_MEMORY_MARGIN_GIB, margin_fields
+from .objective import OBJECTIVES
 from .samplers import SAMPLERS, run_sampler
 from .space import SearchSpace, build_space
 
@@ -89,6 +90,8 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None,
     space = build_space(req.spec, req.profile, req.devices, req.global_batch_size, precision=req.precision,
                         moe_load_imbalance=req.moe_load_imbalance, fixed=req.fixed,
                         allow_cross_domain_tp=req.allow_cross_domain_tp, framework=req.framework, check=check)
+    if req.objective not in OBJECTIVES:
+        raise ValueError(f"objective: {req.objective!r} is not one of {', '.join(OBJECTIVES)}")
     space.objective, space.resilience = req.objective, req.resilience
     size = space.size
     engine = req.sampler
