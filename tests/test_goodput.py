@@ -96,6 +96,23 @@ def test_a_16k_device_job_loses_more_of_its_time_than_a_1k_one():
     assert g["effective_tokens_per_s"] == pytest.approx(_llama(16384)["tokens_per_s"] * g["goodput_fraction"])
 
 
+def test_a_16k_device_plan_loses_more_of_its_time_than_a_1k_one():
+    """Llama 3 70B, 15T tokens on H100: the planner's best config at 1,024 and at 16,384 GPUs. The larger job is
+    interrupted 16 times as often per day; over its (shorter) run it still meets more interruptions, and a larger
+    share of its wall-clock time goes to them, so its device-hours grow once failures are priced."""
+    plan = run_plan(PlanRequest(spec=model_presets.load("llama3-70b"), profile=H100, tokens=15e12, devices_min=1024,
+                                devices_max=16384, devices_step=15360, framework="megatron"))
+    small, large = plan["points"]
+    assert (small["devices"], large["devices"]) == (1024, 16384) and small["feasible"] and large["feasible"]
+    lost_small, lost_large = 1 - small["goodput_fraction"], 1 - large["goodput_fraction"]
+    assert lost_large > 5 * lost_small
+    assert large["interruptions"] > small["interruptions"]
+    assert large["effective_days"] - large["days"] > 0 and small["effective_days"] - small["days"] > 0
+    grow = lambda p: p["effective_device_hours"] / p["device_hours"]  # noqa: E731
+    assert grow(large) > grow(small)
+    assert grow(large) == pytest.approx(1 / large["goodput_fraction"])
+
+
 def test_options_change_the_goodput_block_and_nothing_else():
     base, asy = _llama(16384), _llama(16384, checkpoint_mode="async")
     spare = _llama(16384, hot_spare_nodes=4)
