@@ -81,7 +81,8 @@ def _table(plan: dict) -> str:
         e = p.get("effective_days")
         cells += (["—"] * 5 if e is None else
                   [f"{e:.1f}", f"{p['effective_device_hours']:,.0f}", f"{p['goodput_fraction']:.3f}",
-                   f"{p['interruptions']:,.0f}", f"{p['checkpoint_interval_s'] / 60:.1f} min"])
+                   f"{p['interruptions']:,.{1 if p['interruptions'] < 10 else 0}f}",
+                   f"{p['checkpoint_interval_s'] / 60:.1f} min"])
         rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     return (f'<table class="top" id="plan-table"><thead><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table>")

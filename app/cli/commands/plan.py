@@ -63,7 +63,7 @@ def plan_table(plan: dict) -> Table:
                   f"{p['evaluation']['mfu']:.3f}", f"{p['days']:.1f}",
                   f"{p['effective_days']:.1f}" if eff else "never", f"{p['device_hours']:,.0f}",
                   f"{p['effective_device_hours']:,.0f}" if eff else "—", f"{p['goodput_fraction']:.3f}",
-                  f"{p['interruptions']:,.0f}" if eff else "—",
+                  f"{p['interruptions']:,.{1 if p['interruptions'] < 10 else 0}f}" if eff else "—",
                   f"{p['checkpoint_interval_s'] / 60:.1f} min" if eff else "—", _money(p.get("effective_cost")),
                   "✓" if p["pareto"] else "", "" if deadline is None else ("✓" if p["meets_deadline"] else "✗"))
     return t
