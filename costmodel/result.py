@@ -7,7 +7,7 @@ from importlib import metadata
 
 import numpy as np
 
-from . import routing
+from . import resilience, routing
 from .batch import ConfigBatch
 from .evaluate import TIME_KEYS, BatchResult, evaluate_batch
 from .hardware import GIB
@@ -108,15 +108,18 @@ def _host_memory(br: BatchResult, i: int, val) -> dict:
             "host_capacity_gib": br.host_capacity_bytes / GIB}
 
 
-def evaluate(spec: ModelSpec, profile: ClusterProfile, devices: int, config: TrainingConfig) -> dict:
+def evaluate(spec: ModelSpec, profile: ClusterProfile, devices: int, config: TrainingConfig,
+             resilience_options: resilience.ResilienceOptions | None = None) -> dict:
     """Evaluate one config: the vectorised path with a batch of one, every stage kept. A config with a
     routing distribution (``moe_expert_load`` / ``moe_expert_skew``) is scored with the imbalance its
     expert placement gives, reported under ``moe_routing``; ValueError where it does not fit the model."""
-    return evaluate_many(spec, profile, devices, [config])[0]
+    return evaluate_many(spec, profile, devices, [config], resilience_options)[0]
 
 
-def evaluate_many(spec: ModelSpec, profile: ClusterProfile, devices: int,
-                  configs: list[TrainingConfig]) -> list[dict]:
+def evaluate_many(spec: ModelSpec, profile: ClusterProfile, devices: int, configs: list[TrainingConfig],
+                  resilience_options: resilience.ResilienceOptions | None = None) -> list[dict]:
+    """Evaluate configs; each result carries the goodput block of ``resilience_options`` (the defaults
+    when None: synchronous checkpoints at Young's interval, no hot spare)."""
     if not configs:
         return []
     resolved = [routing.resolved(spec, c) for c in configs]
@@ -135,4 +138,5 @@ def evaluate_many(spec: ModelSpec, profile: ClusterProfile, devices: int,
         if report is not None:  # extends the contract: the imbalance the routing and placement give
             res["moe_routing"] = report
         out.append(res)
-    return out
+    # extends the contract: failures, checkpoints and restarts (costmodel/resilience.py), beside the numbers
+    return resilience.attach_goodput(out, profile, devices, [c for c, _ in resolved], resilience_options)

@@ -457,6 +457,9 @@ class ClusterProfile(BaseModel):
     calibrate_from: str | None = None
     facts: dict[str, Fact]
     efficiency: dict[str, Fact]
+    # Failure rates, checkpoint storage and recovery times (costmodel/resilience.py, RELIABILITY_DEFAULTS for
+    # what a profile leaves out): they price interruptions, never a step, so they leave every step time as it is.
+    reliability: dict[str, Fact] = {}
     notes: str = ""
     calibration: CalibrationInfo | None = None
 
@@ -475,6 +478,12 @@ class ClusterProfile(BaseModel):
         for k in HOST_FACTS:
             if k in self.facts and (self.facts[k].value is None or self.facts[k].value <= 0):
                 raise ValueError(f"facts.{k} must be a positive number")
+        for k, f in self.reliability.items():
+            # rates and times may be 0 (a perfect part, an instant step); bandwidths must move data
+            bandwidth = k.endswith("_gbps")
+            if f.value is None or not math.isfinite(f.value) or f.value < 0 or (bandwidth and f.value == 0):
+                raise ValueError(f"reliability.{k} must be a {'positive' if bandwidth else 'non-negative'} "
+                                 f"number (got {f.value})")
         return self
 
     def fact(self, key: str) -> float | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from costmodel import ClusterProfile, ModelSpec
+from costmodel.resilience import ResilienceOptions
 
 from .engine import SearchRequest, run_search
 from .margin import DEFAULT_MEMORY_MARGIN_GIB
@@ -143,6 +144,8 @@ class PlanRequest:
     memory_margin_gib: float = DEFAULT_MEMORY_MARGIN_GIB
     framework: str | None = None
     fixed: dict | None = None  # the caller's pins (--fix), merged over planning_fixed(spec)
+    # checkpoints, hot spares and storage (costmodel/resilience.py); the defaults when None
+    resilience: ResilienceOptions | None = None
 
     def resolved(self) -> "PlanRequest":
         """The request with every default filled in and checked (``PlanError`` naming the field)."""
@@ -163,7 +166,8 @@ class PlanRequest:
         fixed = {**planning_fixed(self.spec), **validate_fixed(dict(self.fixed or {}),
                                                             max(1, int(batch // self.spec.seq_length)))}
         return PlanRequest(**{**self.__dict__, "devices_min": lo, "devices_max": hi, "devices_step": step,
-                              "global_batch_tokens": batch, "fixed": fixed})
+                              "global_batch_tokens": batch, "fixed": fixed,
+                              "resilience": self.resilience or ResilienceOptions()})
 
 
 def point_figures(devices: int, tokens_per_s: float, tokens: float, price: float | None) -> dict:
@@ -172,6 +176,23 @@ def point_figures(devices: int, tokens_per_s: float, tokens: float, price: float
     device_hours = devices * seconds / SECONDS_PER_HOUR
     return {"days": seconds / SECONDS_PER_DAY, "device_hours": device_hours,
             "cost": None if price is None else device_hours * price}
+
+
+def effective_figures(point: dict, goodput: dict | None, price: float | None) -> dict:
+    """Days and device-hours once failures are priced: the raw days over the goodput fraction, device-hours
+    over the devices paid for (hot spares included), the interruptions expected over the run and the
+    checkpoint interval chosen (``costmodel.resilience``)."""
+    if goodput is None or not goodput["goodput_fraction"] > 0:
+        return {"effective_days": None, "effective_device_hours": None, "effective_cost": None,
+                "goodput_fraction": None if goodput is None else goodput["goodput_fraction"],
+                "interruptions": None, "checkpoint_interval_s": None}
+    days = point["days"] / goodput["goodput_fraction"]
+    device_hours = goodput["paid_devices"] * days * SECONDS_PER_DAY / SECONDS_PER_HOUR
+    return {"effective_days": days, "effective_device_hours": device_hours,
+            "effective_cost": None if price is None else device_hours * price,
+            "goodput_fraction": goodput["goodput_fraction"],
+            "interruptions": goodput["interruptions_per_day"] * days,
+            "checkpoint_interval_s": goodput["checkpoint_interval_s"]}
 
 
 def pareto_devices(points: list[dict]) -> list[int]:
@@ -183,23 +204,32 @@ def pareto_devices(points: list[dict]) -> list[int]:
                        and (q["days"] < p["days"] or q["device_hours"] < p["device_hours"]) for q in ok)]
 
 
-def choose(points: list[dict], deadline_days: float | None) -> tuple[int | None, str]:
+def effective_view(points: list[dict]) -> list[dict]:
+    """The points as ``choose`` and ``pareto_devices`` read them, with the effective days and device-hours in
+    place of the raw ones (a count whose goodput is 0 never finishes: not feasible)."""
+    return [{**p, "feasible": p["feasible"] and p.get("effective_days") is not None,
+             "days": p.get("effective_days"), "device_hours": p.get("effective_device_hours")} for p in points]
+
+
+def choose(points: list[dict], deadline_days: float | None, label: str = "") -> tuple[int | None, str]:
     """The smallest count that trains within ``deadline_days``; without a deadline the count with the fewest
-    device-hours. Returns (devices or None, why)."""
+    device-hours. Returns (devices or None, why). ``run_plan`` passes the effective figures
+    (``effective_view``): days and device-hours with failures, checkpoints and restarts priced."""
     ok = [p for p in points if p["feasible"]]
     if not ok:
         return None, "no device count of the range has a config that fits"
     if deadline_days is None:
         best = min(ok, key=lambda p: (p["device_hours"], p["devices"]))
-        return best["devices"], f"no deadline: the count with the fewest device-hours ({best['device_hours']:,.0f})"
+        return best["devices"], (f"no deadline: the count with the fewest {label}device-hours "
+                                 f"({best['device_hours']:,.0f})")
     meeting = [p for p in ok if p["days"] <= deadline_days]
     if not meeting:
         fastest = min(ok, key=lambda p: p["days"])
         return None, (f"no count meets the {deadline_days:g}-day deadline: the fastest, {fastest['devices']:,} "
-                      f"devices, takes {fastest['days']:.1f} days")
+                      f"devices, takes {fastest['days']:.1f} {label}days")
     first = min(meeting, key=lambda p: p["devices"])
     return first["devices"], (f"the smallest count that trains in at most {deadline_days:g} days "
-                              f"({first['days']:.1f} days)")
+                              f"({first['days']:.1f} {label}days)")
 
 
 def plan_point(req: PlanRequest, devices: int, check: Callable[[], None] | None = None) -> dict:
@@ -208,11 +238,11 @@ def plan_point(req: PlanRequest, devices: int, check: Callable[[], None] | None 
     sreq = SearchRequest(spec=req.spec, profile=req.profile, devices=devices, global_batch_size=gbs,
                          sampler="exhaustive", top_k=1, fixed=req.fixed, precision=req.precision,
                          moe_load_imbalance=req.moe_load_imbalance, memory_margin_gib=req.memory_margin_gib,
-                         framework=req.framework)
+                         framework=req.framework, resilience=req.resilience)
     point = {"devices": devices, "global_batch_size": gbs, "feasible": False, "config": None, "evaluation": None,
              "tokens_per_s": None, "days": None, "device_hours": None, "cost": None, "pareto": False,
              "meets_deadline": None, "keeps_margin": None, "space_size": 0, "search_time_s": 0.0,
-             "smallest_peak_gib": None, "reason": None}
+             "smallest_peak_gib": None, "reason": None, **effective_figures({}, None, None)}
     try:
         result = run_search(sreq, check=check)
     except SpaceError as exc:
@@ -231,8 +261,9 @@ def plan_point(req: PlanRequest, devices: int, check: Callable[[], None] | None 
     point.update(feasible=True, config=best["config"], evaluation=best["evaluation"], tokens_per_s=tps,
                  keeps_margin=best.get("keeps_margin"),
                  **point_figures(devices, tps, req.tokens, req.price_per_device_hour))
+    point.update(effective_figures(point, best["evaluation"].get("goodput"), req.price_per_device_hour))
     if req.deadline_days is not None:
-        point["meets_deadline"] = point["days"] <= req.deadline_days
+        point["meets_deadline"] = point["effective_days"] is not None and point["effective_days"] <= req.deadline_days
     return point
 
 
@@ -250,11 +281,16 @@ def run_plan(req: PlanRequest, progress: ProgressFn | None = None, check: Callab
         points.append(plan_point(req, devices, check))
         if progress is not None:
             progress(i + 1, len(counts))
-    front = pareto_devices(points)
+    effective = effective_view(points)
+    front = pareto_devices(effective)
     for p in points:
         p["pareto"] = p["devices"] in front
-    chosen, why = choose(points, req.deadline_days)
+    chosen, why = choose(effective, req.deadline_days, "effective ")
+    raw_chosen, _ = choose(points, req.deadline_days)
     return {"points": points, "pareto": front, "chosen": chosen, "chosen_reason": why,
+            # the count the same rule picks on the raw figures, as if nothing ever failed
+            "chosen_without_failures": raw_chosen,
+            "resilience": req.resilience.model_dump(),
             "planning_fixed": req.fixed, "resolved": {"devices_min": req.devices_min, "devices_max": req.devices_max,
                                                       "devices_step": req.devices_step,
                                                       "global_batch_tokens": req.global_batch_tokens},

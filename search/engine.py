@@ -15,6 +15,7 @@ from costmodel import ClusterProfile, ModelSpec, TrainingConfig, evaluate_many
 
 from .exhaustive import ProgressFn, Ranked, run_exhaustive
 from .margin import DEFAULT_MEMORY_MARGIN_GIB, margin_fields
+from .objective import OBJECTIVES
 from .samplers import SAMPLERS, run_sampler
 from .space import SearchSpace, build_space
 
@@ -52,10 +53,13 @@ class SearchRequest:
     worker: str | None = None  # recorded on the trials this process runs (shared studies)
     memory_margin_gib: float = DEFAULT_MEMORY_MARGIN_GIB  # headroom (GiB) a recommendation should keep
     framework: str | None = None  # search.frameworks: offer only what it can express (None: all the model has)
+    objective: str = "throughput"  # search.objective: "goodput" ranks by throughput with failures priced
+    resilience: object = None  # costmodel.resilience.ResilienceOptions for the goodput block (None: defaults)
 
 
 def _evaluations(req: SearchRequest, configs: list[dict]) -> list[dict]:
-    return evaluate_many(req.spec, req.profile, req.devices, [TrainingConfig.model_validate(c) for c in configs])
+    return evaluate_many(req.spec, req.profile, req.devices, [TrainingConfig.model_validate(c) for c in configs],
+                         req.resilience)
 
 
 def _entries(req: SearchRequest, ranked: Ranked) -> tuple[list[dict], list[dict]]:
@@ -86,6 +90,9 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None,
     space = build_space(req.spec, req.profile, req.devices, req.global_batch_size, precision=req.precision,
                         moe_load_imbalance=req.moe_load_imbalance, fixed=req.fixed,
                         allow_cross_domain_tp=req.allow_cross_domain_tp, framework=req.framework, check=check)
+    if req.objective not in OBJECTIVES:
+        raise ValueError(f"objective: {req.objective!r} is not one of {', '.join(OBJECTIVES)}")
+    space.objective, space.resilience = req.objective, req.resilience
     size = space.size
     engine = req.sampler
     if engine == "auto":
@@ -107,6 +114,7 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None,
         "trials": ranked.trials,
         "feasible_trials": ranked.feasible_trials,
         "search_time_s": time.perf_counter() - started,
+        "objective": req.objective,
     }
     if ranked.history is not None:
         out["history"] = ranked.history

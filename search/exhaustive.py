@@ -15,6 +15,7 @@ import numpy as np
 
 from costmodel import evaluate_batch
 
+from .objective import ranking_tokens_per_s
 from .space import SearchSpace
 
 ProgressFn = Callable[[int, int], None]  # (configs scored so far, total)
@@ -158,7 +159,7 @@ class _Run:
             if len(ok):
                 lay = self.layout_of_row[rows[ok]]
                 self.variants += np.bincount(lay, minlength=len(self.shapes))
-                self.kept = self.kept.merge(_Kept(room < self.margin_gib, br.tokens_per_s[ok],
+                self.kept = self.kept.merge(_Kept(room < self.margin_gib, ranking_tokens_per_s(space, br, batch)[ok],
                                                   batch.offload_modules[ok] != 0, br.peak_bytes[ok], self.done + ok,
                                                   rows[ok], opts[ok], lay), self.top_k)
             self.done += len(rows)

@@ -26,6 +26,7 @@ import optuna
 from costmodel import evaluate_batch
 
 from .exhaustive import LAYOUT_FIELDS, ProgressFn, Ranked, _rank_order, layout_firsts
+from .objective import ranking_tokens_per_s
 from .space import CP_COMM_CODES, CP_COMM_NAMES, SearchSpace
 from .storages import ReservationTurns, TrialHeartbeat, fail_stale_trials, open_rdb_storage, reservation_lock
 from .trial_writes import OwnTrialsStorage
@@ -323,7 +324,7 @@ def _score(space: SearchSpace, choices: list[dict]) -> tuple[np.ndarray, ...]:
     batch, split_ok = space.choice_batch(choices)
     br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
     valid = br.valid & split_ok
-    return (valid, valid & br.feasible, br.tokens_per_s, br.peak_bytes / 2**30,
+    return (valid, valid & br.feasible, ranking_tokens_per_s(space, br, batch), br.peak_bytes / 2**30,
             (br.capacity_bytes - br.peak_bytes) / 2**30, batch.offload_modules != 0)
 
 

@@ -198,6 +198,9 @@ class SearchSpace:
     # Called between the steps of the build (seconds on a big space; ``build_space`` clears it at the end);
     # it may raise to stop it: a worker whose job was cancelled stops there instead of finishing the build.
     check: Callable[[], None] | None = field(default=None, repr=False)
+    # What the engines rank by (search/objective.py) and the checkpoint options goodput is priced with.
+    objective: str = "throughput"
+    resilience: object = None
 
     def layout_table(self) -> dict[str, np.ndarray]:
         """The distinct valid layouts without the micro-batch size (samplers score that inside a

@@ -23,7 +23,7 @@ def test_evaluate_json_is_the_contract_shape():
     r = json.loads(proc.stdout)
     assert set(r) == {"feasible", "infeasible_reasons", "warnings", "step_time_s", "tokens_per_s",
                       "tokens_per_s_per_device", "model_tflops_per_device", "mfu", "hfu", "time", "memory",
-                      "versions"}
+                      "versions", "goodput"}
     assert set(r["time"]) == {"compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "pp_p2p_s",
                               "dp_comm_exposed_s", "optimizer_s", "straggler_s"}
     assert sum(r["time"].values()) == pytest.approx(r["step_time_s"], rel=1e-9)

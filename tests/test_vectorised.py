@@ -17,6 +17,7 @@ import pytest
 
 from costmodel import ConfigBatch, evaluate, evaluate_batch
 from costmodel.evaluate import TIME_KEYS
+from costmodel.resilience import attach_goodput
 from costmodel.result import calibration_warnings, result_dict
 
 from conftest import assert_same_result, load_preset, load_profile, sample_config
@@ -90,7 +91,8 @@ def test_batch_matches_single(scored):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             single = evaluate(spec, prof, devices, cfg)
-        batch = result_dict(br, i, prof, warn)
+        # the goodput block is priced from the result's own figures: attached to the batch's result, it is the single's
+        batch = attach_goodput([result_dict(br, i, prof, warn)], prof, devices, [cfg])[0]
         b_stages = batch["memory"].pop("per_stage_peak_gib")
         s_stages = single["memory"].pop("per_stage_peak_gib")
         assert_same_result(single, batch, rel=1e-9, path=f"{spec.name}[{i}] {cfg.model_dump(exclude_defaults=True)}")
@@ -118,7 +120,8 @@ def test_batch_with_all_stages_matches_single_exactly(scored):
                     continue
                 cfg = configs[i]
                 single = evaluate(spec, prof, devices, cfg)
-                batch = result_dict(br, i, prof, calibration_warnings(prof, spec, cfg, devices))
+                batch = attach_goodput([result_dict(br, i, prof, calibration_warnings(prof, spec, cfg, devices))],
+                                       prof, devices, [cfg])[0]
                 assert_same_result(single, batch, rel=1e-9, path=f"{spec.name}[{i}]")
 
 

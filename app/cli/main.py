@@ -28,6 +28,7 @@ from app.formats.results import evaluate as evaluate_config
 from app.formats.validation import cross_validated, cv_folds, factors_at_bound, read_runs, score_runs
 
 from .console import drop_stdout, longest_word, stdout_console, wrappable
+from .resilience_flags import resilience_flags, resilience_from_flags
 
 EXIT_INPUT = 2
 EXIT_NO_FIT = 3
@@ -335,9 +336,10 @@ def _best_warnings(result: dict) -> None:
               help="Training framework planned for: only configs it can express are searched (default: mindspeed "
                    "for Ascend profiles, megatron otherwise; docs/search.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the contract's JSON result.")
+@resilience_flags(with_objective=True)
 def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix, precision,
            moe_load_imbalance, seq_length, allow_cross_domain_tp, storage, study_name, timeout_s, memory_margin_gib,
-           framework, as_json) -> None:
+           framework, as_json, objective, **resilience) -> None:
     """Find the configs with the highest predicted throughput that fit in memory."""
     try:
         # app/formats/bounds.py: the same bounds as the API's and the files'
@@ -359,7 +361,8 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
                             precision=precision, moe_load_imbalance=moe_load_imbalance,
                             allow_cross_domain_tp=allow_cross_domain_tp, storage=storage,
                             study_name=study_name, timeout_s=timeout_s, memory_margin_gib=memory_margin_gib,
-                            framework=framework or default_framework(profile.name))
+                            framework=framework or default_framework(profile.name), objective=objective,
+                            resilience=resilience_from_flags(resilience))
         result = _run_with_progress(req)
     except SpaceError as exc:
         _fail(InputError(exc.field, str(exc).split(": ", 1)[1]))

@@ -47,6 +47,14 @@ def plan_figure(plan: dict) -> dict:
                          "x": [chosen["devices"]], "y": [chosen[key]], "yaxis": axis, "text": ["chosen"],
                          "textposition": "top center", "showlegend": axis == "y",
                          "marker": {"size": 18, "symbol": "star", "color": "#e45756"}})
+    eff = [p for p in ok if p.get("effective_days") is not None]
+    if eff:  # with failures, checkpoints and restarts priced (docs/guides/goodput.md)
+        data.append({"type": "scatter", "mode": "lines+markers", "name": "effective days (failures priced)",
+                     "x": [p["devices"] for p in eff], "y": [p["effective_days"] for p in eff],
+                     "line": {"color": DAYS_COLOUR, "dash": "dash"}, "marker": {"symbol": "diamond"}, "yaxis": "y"})
+        data.append({"type": "scatter", "mode": "lines+markers", "name": "effective device-hours",
+                     "x": [p["devices"] for p in eff], "y": [p["effective_device_hours"] for p in eff],
+                     "line": {"color": HOURS_COLOUR, "dash": "dash"}, "marker": {"symbol": "diamond"}, "yaxis": "y2"})
     layout = _layout("Days to train and device-hours against devices", "devices", "days",
                      yaxis2={"title": {"text": "device-hours"}, "overlaying": "y", "side": "right"})
     layout["margin"]["r"] = 80  # room for the right axis' numbers and title
@@ -54,12 +62,13 @@ def plan_figure(plan: dict) -> dict:
 
 
 def _table(plan: dict) -> str:
-    head = ("devices", "tp/pp/vpp/cp/ep/dp/mbs", "tokens/s", "MFU", "days", "device-hours", "cost", "Pareto", "deadline")
+    head = ("devices", "tp/pp/vpp/cp/ep/dp/mbs", "tokens/s", "MFU", "days", "device-hours", "cost", "Pareto",
+            "deadline", "effective days", "effective device-hours", "goodput", "interruptions", "checkpoint every")
     rows = []
     for p in plan["points"]:
         cls = ' class="chosen"' if p["devices"] == plan.get("chosen") else ""
         if not p["feasible"]:
-            rows.append(f'<tr class="short"><td>{p["devices"]:,}</td><td colspan="8">'
+            rows.append(f'<tr class="short"><td>{p["devices"]:,}</td><td colspan="13">'
                         f'{html.escape(str(p.get("reason") or "nothing fits"))}</td></tr>')
             continue
         cfg, ev = p.get("config") or {}, p.get("evaluation") or {}
@@ -69,6 +78,11 @@ def _table(plan: dict) -> str:
         cells = [f"{p['devices']:,}", lay, f"{p.get('tokens_per_s') or 0:,.0f}", "—" if mfu is None else f"{mfu:.3f}",
                  f"{p['days']:.1f}", f"{p['device_hours']:,.0f}", "—" if p.get("cost") is None else f"{p['cost']:,.0f}",
                  "✓" if p.get("pareto") else "", "" if deadline is None else ("✓" if deadline else "✗")]
+        e = p.get("effective_days")
+        cells += (["—"] * 5 if e is None else
+                  [f"{e:.1f}", f"{p['effective_device_hours']:,.0f}", f"{p['goodput_fraction']:.3f}",
+                   f"{p['interruptions']:,.{1 if p['interruptions'] < 10 else 0}f}",
+                   f"{p['checkpoint_interval_s'] / 60:.1f} min"])
         rows.append(f"<tr{cls}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     return (f'<table class="top" id="plan-table"><thead><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table>")

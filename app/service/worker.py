@@ -363,7 +363,8 @@ class Worker:
             n_trials=s["n_trials"], top_k=s["top_k"], seed=seed, fixed=s.get("fixed") or None,
             precision=job.precision, moe_load_imbalance=job.moe_load_imbalance,
             allow_cross_domain_tp=s.get("allow_cross_domain_tp", False), storage=storage, study_name=name,
-            timeout_s=s.get("timeout_s"), worker=self.owner, framework=s.get("framework"), **_margin_option(s))
+            timeout_s=s.get("timeout_s"), worker=self.owner, framework=s.get("framework"), **_margin_option(s),
+            objective=s.get("objective", "throughput"), resilience=resilience_option(s))
 
     def _drop_lease(self, job_id: str) -> None:
         with contextlib.suppress(SQLAlchemyError), self._sessions() as db:
@@ -454,6 +455,13 @@ def _transient(exc: BaseException) -> bool:
     import optuna
 
     return isinstance(exc, (SQLAlchemyError, optuna.exceptions.StorageInternalError))
+
+
+def resilience_option(search: dict):
+    """The job's checkpoint options (``costmodel.resilience``); the defaults for jobs stored before them."""
+    from costmodel.resilience import ResilienceOptions
+
+    return ResilienceOptions.model_validate(search.get("resilience") or {})
 
 
 def _margin_option(search: dict) -> dict:

@@ -1,6 +1,7 @@
 """``paraplan plan``: capacity planning over a range of device counts (``search.capacity``).
 
-Prints a table (devices, layout, tokens/s, MFU, days, device-hours, cost, Pareto and deadline marks) and the
+Prints a table (devices, layout, tokens/s, MFU, raw and effective days and device-hours, goodput fraction, interruptions
+over the run, checkpoint interval, effective cost, Pareto and deadline marks; docs/guides/goodput.md) and the
 chosen count, or with ``--json`` the plan's JSON (``app.formats.plan``). Bad input: ``error: <field>:
 <reason>`` on stderr and exit 2. A rich progress bar (device counts done) on stderr when it is a terminal.
 """
@@ -24,6 +25,7 @@ from app.formats.inputs import InputError, load_cluster, load_model
 from app.formats.plan import parse_tokens, plan_result
 
 from ..console import stdout_console
+from ..resilience_flags import resilience_flags, resilience_from_flags
 
 EXIT_INPUT = 2
 err = Console(stderr=True, soft_wrap=True)
@@ -48,16 +50,21 @@ def plan_table(plan: dict) -> Table:
     deadline = plan["inputs"].get("deadline_days")
     t = Table(title=f"capacity plan: {plan['inputs']['tokens']:.3g} tokens on {plan['inputs']['cluster']}",
               title_justify="left")
-    for col in ("devices", "tp/pp/vpp/cp/ep/dp/mbs", "tokens/s", "MFU", "days", "device-hours", "cost", "pareto",
-                "deadline"):
+    for col in ("devices", "tp/pp/vpp/cp/ep/dp/mbs", "tokens/s", "MFU", "days", "eff. days", "device-hours",
+                "eff. device-hours", "goodput", "interrupt.", "ckpt every", "eff. cost", "pareto", "deadline"):
         t.add_column(col, justify="left" if col.startswith("tp") else "right", overflow="fold")
     for p in plan["points"]:
         mark = "✓" if p["devices"] == plan["chosen"] else ""
         if not p["feasible"]:
-            t.add_row(f"{p['devices']:,}", f"[red]{p['reason']}[/red]", *["—"] * 5, "", "")
+            t.add_row(f"{p['devices']:,}", f"[red]{p['reason']}[/red]", *["—"] * 10, "", "")
             continue
+        eff = p.get("effective_days") is not None
         t.add_row(f"{p['devices']:,}{' *' if mark else ''}", layout_cell(p["config"]), f"{p['tokens_per_s']:,.0f}",
-                  f"{p['evaluation']['mfu']:.3f}", f"{p['days']:.1f}", f"{p['device_hours']:,.0f}", _money(p["cost"]),
+                  f"{p['evaluation']['mfu']:.3f}", f"{p['days']:.1f}",
+                  f"{p['effective_days']:.1f}" if eff else "never", f"{p['device_hours']:,.0f}",
+                  f"{p['effective_device_hours']:,.0f}" if eff else "—", f"{p['goodput_fraction']:.3f}",
+                  f"{p['interruptions']:,.{1 if p['interruptions'] < 10 else 0}f}" if eff else "—",
+                  f"{p['checkpoint_interval_s'] / 60:.1f} min" if eff else "—", _money(p.get("effective_cost")),
                   "✓" if p["pareto"] else "", "" if deadline is None else ("✓" if p["meets_deadline"] else "✗"))
     return t
 
@@ -96,9 +103,10 @@ def _run(req: PlanRequest) -> dict:
               help="Pin a config field at every count (repeatable), over the planning pins (docs/guides/capacity.md"
                    "): e.g. --fix tp=1, or --fix 'offload_modules=[\"core_attn\"]' to plan with offload.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@resilience_flags()
 def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadline_days, price_per_device_hour,
          global_batch_tokens, precision, moe_load_imbalance, seq_length, memory_margin_gib, framework, fix,
-         as_json) -> None:
+         as_json, **resilience) -> None:
     """Plan capacity: the best config per device count, days, device-hours, cost and the Pareto front."""
     from app.cli.main import _parse_fix
 
@@ -118,7 +126,8 @@ def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadlin
                           devices_step=devices_step, deadline_days=deadline_days,
                           price_per_device_hour=price_per_device_hour, global_batch_tokens=batch, precision=precision,
                           moe_load_imbalance=moe_load_imbalance, memory_margin_gib=memory_margin_gib,
-                          framework=framework or default_framework(profile.name), fixed=_parse_fix(fix))
+                          framework=framework or default_framework(profile.name), fixed=_parse_fix(fix),
+                          resilience=resilience_from_flags(resilience))
         req.resolved()  # every input checked before the first search
         result = _run(req)
     except InputError as exc:
@@ -133,6 +142,10 @@ def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadlin
     chosen = result["chosen"]
     out.print(f"chosen: [b]{chosen:,}[/b] devices ({result['chosen_reason']})" if chosen is not None
               else f"chosen: none ({result['chosen_reason']})", highlight=False)
+    raw = result.get("chosen_without_failures")
+    if raw != chosen:
+        out.print(f"without failures the same rule would choose {'none' if raw is None else f'{raw:,}'} devices "
+                  f"(docs/guides/goodput.md)", highlight=False)
     out.print(f"Pareto front (days against device-hours): {', '.join(f'{d:,}' for d in result['pareto']) or 'empty'}; "
               f"plan time {result['plan_time_s']:.1f} s; planning pins {json.dumps(result['planning_fixed'])}",
               highlight=False)

@@ -17,6 +17,8 @@ import uuid
 
 import click
 
+from ..resilience_flags import resilience_flags, resilience_from_flags
+
 EXIT_OK, EXIT_INPUT, EXIT_NO_FIT, EXIT_FAILED, EXIT_MIN_MFU, EXIT_TIMEOUT, EXIT_SERVER = 0, 2, 3, 4, 5, 6, 7
 ENGINES = ("auto", "exhaustive", "tpe", "nsga2", "random")
 FINISHED = ("succeeded", "failed", "cancelled")
@@ -216,9 +218,10 @@ def _follow(client, job: dict, timeout_s: float | None, poll_s: float, err) -> d
 @click.option("--idempotency-key", default=None, help="Idempotency-Key of the submission (default: a new UUID, "
                                                       "reused for retries).")
 @click.option("--json", "as_json", is_flag=True, help="Print the job (with its ranked configs as `top`) as JSON.")
+@resilience_flags(with_objective=True)
 def submit(server, model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix, precision,
            moe_load_imbalance, seq_length, allow_cross_domain_tp, search_timeout, memory_margin_gib, framework, wait,
-           min_mfu, timeout_s, poll_s, api_key, idempotency_key, as_json) -> None:
+           min_mfu, timeout_s, poll_s, api_key, idempotency_key, as_json, objective, **resilience) -> None:
     """Submit a search job to a ParaPlan server (the CI client); exit 0 only for a usable plan."""
     from rich.console import Console
 
@@ -227,7 +230,7 @@ def submit(server, model, cluster, devices, global_batch_size, trials, sampler, 
         code = _submit(err, server, model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix,
                        precision, moe_load_imbalance, seq_length, allow_cross_domain_tp, search_timeout,
                        wait or min_mfu is not None, min_mfu, timeout_s, poll_s, api_key, idempotency_key, as_json,
-                       memory_margin_gib, framework)
+                       memory_margin_gib, framework, objective, resilience)
     except ClientError as exc:
         err.print(f"[red]error:[/red] {exc}", highlight=False)
         sys.exit(exc.code)
@@ -239,7 +242,7 @@ def submit(server, model, cluster, devices, global_batch_size, trials, sampler, 
 
 def _submit(err, server, model, cluster, devices, gbs, trials, sampler, top_k, seed, fix, precision, imbalance,
             seq_length, cross_tp, search_timeout, wait, min_mfu, timeout_s, poll_s, api_key, idem, as_json,
-            memory_margin_gib=None, framework=None) -> int:
+            memory_margin_gib=None, framework=None, objective="throughput", resilience=None) -> int:
     import httpx
 
     from app.formats.bounds import config_problems, flag_problems
@@ -260,6 +263,14 @@ def _submit(err, server, model, cluster, devices, gbs, trials, sampler, top_k, s
             raise ClientError(EXIT_INPUT, f"fix.{key}: {problem}")
     if cross_tp:
         search["allow_cross_domain_tp"] = True
+    if objective != "throughput":
+        search["objective"] = objective
+    try:  # the checkpoint options (docs/guides/goodput.md), checked here as the server checks them
+        options = resilience_from_flags(resilience or {}).model_dump(exclude_defaults=True)
+    except ValueError as exc:  # an InputError naming the field
+        raise ClientError(EXIT_INPUT, f"{exc.field}: {exc.reason}") from None
+    if options:
+        search["resilience"] = options
     body = {"model": _input(model, "model"), "cluster": _input(cluster, "cluster"), "devices": devices,
             "global_batch_size": gbs, "search": search}
     for key, value in (("precision", precision), ("moe_load_imbalance", imbalance), ("seq_length", seq_length)):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,6 +57,36 @@ class Versions(_Open):
     profile: str = Field(description="A hash of the cluster profile used (facts and factors).")
 
 
+class Goodput(_Open):
+    """What failures, checkpoints and restarts cost the config (docs/guides/goodput.md); fractions of wall-clock time."""
+
+    checkpoint_mode: Literal["sync", "async", "in_memory"]
+    checkpoint_gib_per_rank: float
+    checkpoint_gib: float = Field(description="What all ranks write per checkpoint (GiB).")
+    checkpoint_write_s: float
+    checkpoint_stall_s: float = Field(description="Seconds a checkpoint stops training.")
+    checkpoint_background_s: float = Field(description="Seconds until a checkpoint is safe after training resumes.")
+    checkpoint_load_s: float
+    checkpoint_interval_s: float = Field(description="Training seconds between checkpoints (whole steps).")
+    checkpoint_interval_steps: int
+    checkpoint_interval_rule: Literal["given", "young_daly", "background_write"]
+    mtbf_h: float
+    interruptions_per_day: float
+    unexpected_per_day: float
+    planned_per_day: float
+    lost_work_per_failure_s: float
+    downtime_per_failure_s: float
+    checkpoint_overhead: float
+    lost_fraction: float
+    restart_fraction: float
+    goodput_fraction: float = Field(description="Fraction of wall-clock time that advances training (ETTR).",
+                                    examples=[0.95])
+    effective_tokens_per_s: float
+    hot_spare_nodes: int
+    paid_devices: int = Field(description="The job's devices and its hot spares' devices.")
+    effective_tokens_per_s_per_paid_device: float
+
+
 class Evaluation(_Open):
     """One evaluation result (CONTRACT.md, "Evaluation result")."""
 
@@ -72,6 +102,8 @@ class Evaluation(_Open):
     time: TimeBreakdown
     memory: MemoryBreakdown
     versions: Versions
+    goodput: Goodput | None = Field(None, description="Failures, checkpoints and restarts priced for the config "
+                                                      "(docs/guides/goodput.md); null where it has no step time.")
     # A config with moe_expert_load / moe_expert_skew adds "moe_routing" (docs/costmodel.md); like every
     # field the cost model adds, it passes through (extra="allow") and is absent otherwise.
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from app.formats.bounds import (MAX_DEVICES, MAX_GLOBAL_BATCH_SIZE, MAX_MOE_LOAD_IMBALANCE, MAX_SEED,  # noqa: F401
                         MAX_SEQ_LENGTH, MAX_TIMEOUT_S, MAX_TOP_K, MAX_TRIALS, MIN_MOE_LOAD_IMBALANCE)
+from costmodel.resilience import ResilienceOptions
 from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
 from search.margin import DEFAULT_MEMORY_MARGIN_GIB, MAX_MEMORY_MARGIN_GIB
 
@@ -73,6 +74,13 @@ class SearchOptions(BaseModel):
                           "the launch arguments of the same format (`.../launch?format=`) carry every choice out. "
                           "Default: `mindspeed` (MindSpeed-LLM) for Ascend profiles, `megatron` (Megatron-LM) "
                           "otherwise (docs/search.md, \"Frameworks\").")
+    objective: Literal["throughput", "goodput"] = Field(
+        "throughput", description="What the search ranks by: tokens/s, or `goodput`, tokens/s with failures, "
+                                  "checkpoints and restarts priced (docs/guides/goodput.md).")
+    resilience: ResilienceOptions = Field(
+        default_factory=ResilienceOptions,
+        description="Checkpoint mode and interval, hot spare nodes and checkpoint bandwidth overrides that every "
+                    "result's `goodput` block and a plan's effective days are priced with (docs/guides/goodput.md).")
 
 
 # The fields only some job kinds take (besides model, cluster, kind and search, which every kind takes): a body
@@ -88,7 +96,8 @@ KIND_REQUIRED = {"search": ("devices", "global_batch_size"), "rl": ("devices",)}
 # The `search` options a kind's runs do not read (a plan is one exhaustive search per count; an rl job's
 # training searches take the request's sampler, top 3 and seed): given, they are a 422 naming them.
 _SAMPLING = ("sampler", "n_trials", "top_k", "timeout_s", "parallel_workers", "allow_cross_domain_tp")
-KIND_UNUSED_OPTIONS = {"search": (), "plan": (*_SAMPLING, "seed"), "rl": _SAMPLING}
+KIND_UNUSED_OPTIONS = {"search": (), "plan": (*_SAMPLING, "seed", "objective"),
+                       "rl": (*_SAMPLING, "objective", "resilience")}
 
 
 def _kind_errors(data) -> list[dict]:

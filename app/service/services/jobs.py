@@ -21,6 +21,7 @@ from app.service.core.config import Settings
 from app.service.db.models import FINISHED, Job, JobConfig, JobLease, utcnow
 from app.service.schemas.jobs import PLAN_FIELDS, RL_FIELDS, JobCreate
 from costmodel import ClusterProfile
+from costmodel.resilience import ResilienceOptions
 from costmodel.result import PARAPLAN_VERSION
 from search import SpaceError, build_space, validate_fixed
 from search.engine import auto_engine
@@ -182,7 +183,7 @@ def plan_request(job_or_body_fields: dict, spec, profile):
                        global_batch_tokens=o.get("global_batch_tokens"), precision=o.get("precision", "bf16"),
                        moe_load_imbalance=o.get("moe_load_imbalance"),
                        memory_margin_gib=o["memory_margin_gib"], framework=o.get("framework"),
-                       fixed=o.get("fixed"))
+                       fixed=o.get("fixed"), resilience=ResilienceOptions.model_validate(o.get("resilience") or {}))
 
 
 def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | None = None) -> dict:
@@ -203,7 +204,8 @@ def prepare_plan(body: JobCreate, settings: Settings, profile: ClusterProfile | 
     check_layout(s.fixed.get("pipeline_layout"), ["body", "search", "fixed", "pipeline_layout"])
     options = {**{k: getattr(body, k) for k in PLAN_FIELDS}, "precision": body.precision,
                "moe_load_imbalance": body.moe_load_imbalance, "memory_margin_gib": s.memory_margin_gib,
-               "framework": s.framework or default_framework(profile.name), "fixed": dict(s.fixed)}
+               "framework": s.framework or default_framework(profile.name), "fixed": dict(s.fixed),
+               "resilience": s.resilience.model_dump(mode="json")}
     try:
         req = plan_request(options, spec, profile).resolved()
         counts = device_counts(req.devices_min, req.devices_max, req.devices_step,

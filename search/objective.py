@@ -1,0 +1,27 @@
+"""What a search ranks by: throughput (the default) or goodput, the throughput left once failures,
+checkpoints and restarts are priced (``costmodel.resilience``; docs/guides/goodput.md).
+
+Both engines read a scored batch through ``ranking_tokens_per_s``: with ``goodput`` each config's tokens/s is
+multiplied by its goodput fraction, which depends on the config through its checkpoint (the model states a
+rank holds) and its step time (checkpoints fall between steps)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.hardware import Hardware
+from costmodel.resilience import FALLBACK_HOST_BYTES_PER_S, ResilienceOptions, goodput_arrays
+
+OBJECTIVES = ("throughput", "goodput")
+
+
+def ranking_tokens_per_s(space, br, batch) -> np.ndarray:
+    """The tokens/s the ranking compares, one per config of ``batch`` (scored as ``br``)."""
+    if getattr(space, "objective", "throughput") != "goodput":
+        return br.tokens_per_s
+    hw = Hardware.from_profile(space.profile)
+    dp = np.maximum(space.devices // (batch.tp * batch.pp * batch.cp), 1)
+    a = goodput_arrays(space.profile, space.devices, br.step_time_s, br.params_bytes, br.optimizer_bytes,
+                       dp * batch.cp, hw.host_bytes_per_s or FALLBACK_HOST_BYTES_PER_S, hw.scale_out_bytes_per_s,
+                       getattr(space, "resilience", None) or ResilienceOptions())
+    return br.tokens_per_s * a["goodput"]
