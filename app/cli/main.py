@@ -6,11 +6,9 @@ message on stderr naming the field, and exit code 2; never a traceback.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from costmodel.runtime import tune_allocator
@@ -27,22 +25,8 @@ from app.formats.results import check_finite
 from app.formats.results import evaluate as evaluate_config
 from app.formats.validation import cross_validated, cv_folds, factors_at_bound, read_runs, score_runs
 
-from .console import drop_stdout, longest_word, stdout_console, wrappable
-
-EXIT_INPUT = 2
-EXIT_NO_FIT = 3
-out = stdout_console()
-err = Console(stderr=True, soft_wrap=True)
-
-
-def _fail(exc: InputError) -> None:
-    err.print(f"[red]error:[/red] {exc}", highlight=False)
-    sys.exit(EXIT_INPUT)
-
-
-def _print_json(data) -> None:
-    click.echo(json.dumps(data, indent=2, allow_nan=False))
-
+from .common import EXIT_NO_FIT, err, fail, out, parse_fix, print_json
+from .console import drop_stdout, longest_word, wrappable
 
 class _Group(click.Group):
     """The command group; a reader that closes stdout early (``paraplan evaluate ... | head -1``) is not an
@@ -131,14 +115,14 @@ def evaluate(model, cluster, devices, config, seq_length, as_json) -> None:
         check_config_for_model(spec, cfg)
         check_devices(devices)
     except InputError as exc:
-        _fail(exc)
+        fail(exc)
     result = evaluate_config(spec, profile, devices, cfg)
     try:
         check_finite(result, profile)  # a degenerate profile: exit 2 naming the fact, not nulls (issue 19)
     except InputError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
-        _print_json(result)
+        print_json(result)
     else:
         _evaluation_tables(result)
 
@@ -155,7 +139,7 @@ def validate(runs_file, as_json, worst, with_cv) -> None:
     try:
         runs = read_runs(runs_file)
     except InputError as exc:
-        _fail(exc)
+        fail(exc)
     report = score_runs(runs)
     report["factors_at_bound"] = factors_at_bound(sorted({r["cluster"] for r in report["runs"]}))
     if with_cv:
@@ -167,7 +151,7 @@ def validate(runs_file, as_json, worst, with_cv) -> None:
         public = {**report, "runs": [{k: r.get(k) for k in keys} for r in report["runs"]]}
         if with_cv:
             public["cv"] = {k: v for k, v in report["cv"].items() if k != "errors"}
-        _print_json(public)
+        print_json(public)
         return
     _validation_tables(report, worst, with_cv)
 
@@ -219,19 +203,6 @@ def _validation_tables(report: dict, worst: int, with_cv: bool) -> None:
         for k, f in factors.items():
             why = f["reason"] or "[red]no reason stated in the profile: an effect the model misses?[/red]"
             out.print(f"  {cluster} {k} = {f['value']:g} at its {f['bound']} bound: {why}", highlight=False)
-
-
-def _parse_fix(items: tuple[str, ...]) -> dict:
-    fixed = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise InputError("fix", f"{item!r} is not KEY=VALUE")
-        try:
-            fixed[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            fixed[key.strip()] = raw  # a bare string such as recompute=selective
-    return fixed
 
 
 def _layouts_table(layouts: list[dict], title: str, narrow: bool = False) -> Table:
@@ -351,7 +322,7 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
         profile = load_cluster(cluster)
         if (problem := margin_problem(memory_margin_gib, profile.fact("memory_gib"))) is not None:
             raise InputError("memory_margin_gib", problem)
-        fixed = _parse_fix(fix)
+        fixed = parse_fix(fix)
         check_config_data(fixed, "fix")
         fixed = validate_fixed(fixed, global_batch_size)
         req = SearchRequest(spec=spec, profile=profile, devices=devices, global_batch_size=global_batch_size,
@@ -362,15 +333,15 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
                             framework=framework or default_framework(profile.name))
         result = _run_with_progress(req)
     except SpaceError as exc:
-        _fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
+        fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
     except InputError as exc:
-        _fail(exc)
+        fail(exc)
     full = {"inputs": {"model": spec.model_dump(mode="json", exclude_none=True), "cluster": profile.name,
                        "devices": devices, "global_batch_size": global_batch_size, "precision": precision,
                        "moe_load_imbalance": moe_load_imbalance, "memory_margin_gib": memory_margin_gib,
                        "framework": req.framework}, **result}
     if as_json:
-        _print_json(full)
+        print_json(full)
     elif result["top"]:
         _search_table(result, memory_margin_gib)
     best = result["best"]

@@ -23,6 +23,7 @@ from app.formats.bounds import flag_problems
 from app.formats.inputs import InputError, load_cluster, load_model
 from app.formats.plan import parse_tokens, plan_result
 
+from ..common import parse_fix
 from ..console import stdout_console
 
 EXIT_INPUT = 2
@@ -100,8 +101,6 @@ def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadlin
          global_batch_tokens, precision, moe_load_imbalance, seq_length, memory_margin_gib, framework, fix,
          as_json) -> None:
     """Plan capacity: the best config per device count, days, device-hours, cost and the Pareto front."""
-    from app.cli.main import _parse_fix
-
     try:
         for name, problem in flag_problems(devices=devices_min, seq_length=seq_length,
                                            moe_load_imbalance=moe_load_imbalance):
@@ -118,7 +117,7 @@ def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadlin
                           devices_step=devices_step, deadline_days=deadline_days,
                           price_per_device_hour=price_per_device_hour, global_batch_tokens=batch, precision=precision,
                           moe_load_imbalance=moe_load_imbalance, memory_margin_gib=memory_margin_gib,
-                          framework=framework or default_framework(profile.name), fixed=_parse_fix(fix))
+                          framework=framework or default_framework(profile.name), fixed=parse_fix(fix))
         req.resolved()  # every input checked before the first search
         result = _run(req)
     except InputError as exc:

@@ -14,7 +14,8 @@ from app.formats.bounds import flag_problems
 from app.formats.inputs import InputError, check_devices, load_cluster, load_model
 from app.formats.rl import DEFAULTS, rl_result, workload
 
-EXIT_NO_FIT = 3
+from ..common import EXIT_NO_FIT, err, fail, out, parse_fix, print_json
+
 
 
 @click.command()
@@ -42,8 +43,6 @@ EXIT_NO_FIT = 3
 def rl(model, cluster, devices, algorithm, prompts_per_step, responses_per_prompt, prompt_length, response_length,
        max_response_length, reference, critic, stale_sync, fix, seed, as_json) -> None:
     """Plan RL post-training: rollout + training, co-located (RL Fusion) or on two pools."""
-    from app.cli.main import _fail, _parse_fix, _print_json, err, out
-
     try:
         for name, problem in flag_problems(devices=devices):
             raise InputError(name, problem)
@@ -52,15 +51,15 @@ def rl(model, cluster, devices, algorithm, prompts_per_step, responses_per_promp
                       reference, critic, stale_sync, max_response_length)
         spec = load_model(model)
         profile = load_cluster(cluster)
-        fixed = validate_fixed(_parse_fix(fix), wl.samples)
+        fixed = validate_fixed(parse_fix(fix), wl.samples)
     except InputError as exc:
-        _fail(exc)
+        fail(exc)
     except SpaceError as exc:
-        _fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
+        fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
     result = rl_result(RLRequest(spec=spec, profile=profile, devices=devices, workload=wl, fixed=fixed, seed=seed),
                        model)
     if as_json:
-        _print_json(result)
+        print_json(result)
     else:
         for mode in ("colocated", "disaggregated"):
             _plan_table(out, mode, result[mode])
