@@ -33,7 +33,7 @@ from functools import lru_cache
 
 from costmodel.evaluate import TIME_KEYS
 
-from .describe import config_brief, layout_brief, margin_mark, variant_brief
+from .describe import config_brief, distinct_briefs, layout_brief, margin_mark, variant_brief
 
 PLOT_IDS = ("plot-time", "plot-memory", "plot-pareto", "plot-history")
 ROUTING_PLOT_ID = "plot-routing"  # a fifth plot, only where the best config states a routing distribution
@@ -489,9 +489,9 @@ def _top_table(top: list[dict]) -> str:
     cols = ("rank", "config", "tokens/s", "tokens/s/device", "MFU", "HFU", "step s", "peak GiB", "fits", "margin")
     head = "".join(f"<th>{c}</th>" for c in cols)
     body = []
-    for e in top:
+    for e, brief in zip(top, distinct_briefs([e["config"] for e in top])):
         ev = e["evaluation"]
-        cells = (str(e["rank"]), config_brief(e["config"]), _fmt(ev.get("tokens_per_s"), ",.0f"),
+        cells = (str(e["rank"]), brief, _fmt(ev.get("tokens_per_s"), ",.0f"),
                  _fmt(ev.get("tokens_per_s_per_device"), ",.1f"), _fmt(ev.get("mfu"), ".3f"), _fmt(ev.get("hfu"), ".3f"),
                  _fmt(ev.get("step_time_s"), ".3f"), _fmt(_peak(ev), ".1f"), "yes" if ev["feasible"] else "no",
                  margin_mark(e))

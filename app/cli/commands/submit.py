@@ -75,14 +75,10 @@ def _check(resp):
 
 
 def _brief(cfg: dict) -> str:
-    keys = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch_size", "recompute")
-    text = " ".join(f"{k.replace('micro_batch_size', 'mbs')}={cfg[k]}" for k in keys if k in cfg)
-    if cfg.get("recompute") == "selective":
-        text += f"({'+'.join(cfg.get('recompute_modules') or ['core_attn'])})"
-    flags = [f for f in ("tp_comm_overlap", "moe_a2a_overlap") if cfg.get(f)]
-    if not cfg.get("distributed_optimizer", True):
-        flags.append("no-distopt")
-    return text + (" " + " ".join(flags) if flags else "")
+    """A config in one line, as the search table and the report name it (``app/formats/describe.py``)."""
+    from app.formats.describe import config_brief
+
+    return config_brief(cfg)
 
 
 def _fmt(x, spec: str) -> str:
@@ -93,7 +89,7 @@ def _print_table(job: dict, configs: list[dict]) -> None:
     from rich.table import Table
 
     from app.cli.console import longest_word, stdout_console, wrappable
-    from app.formats.describe import margin_mark
+    from app.formats.describe import distinct_briefs, margin_mark
 
     out = stdout_console()
     s = job.get("summary") or {}
@@ -103,9 +99,9 @@ def _print_table(job: dict, configs: list[dict]) -> None:
     # On a narrow terminal (80 columns) the config column wraps between words (never inside one, app/cli/console.py);
     # the number columns keep exactly their widest cell.
     rows = []
-    for e in configs:
+    for e, brief in zip(configs, distinct_briefs([e["config"] for e in configs])):
         ev = e["evaluation"]
-        rows.append([str(e["rank"]), _brief(e["config"]), _fmt(ev["tokens_per_s_per_device"], ",.1f"),
+        rows.append([str(e["rank"]), brief, _fmt(ev["tokens_per_s_per_device"], ",.1f"),
                      _fmt(ev["mfu"], ".3f"), _fmt(ev["step_time_s"], ".2f"), _fmt(ev["memory"]["peak_gib"], ".1f"),
                      margin_mark(e)])
     def table(rows: list[list[str]]) -> Table:
