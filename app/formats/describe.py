@@ -97,6 +97,11 @@ def variant_brief(cfg: dict) -> str:
     return text + "".join(f" {m}" for m in marks + _pipeline_marks(cfg) + _algorithm_marks(cfg))
 
 
+def count_text(n, noun: str) -> str:
+    """``n`` and its noun, singular for exactly one ("1 wave", "4 waves"); a missing count reads "?"."""
+    return f"{n} {noun}" if n == 1 else f"{'?' if n is None else n} {noun}s"
+
+
 def margin_mark(entry: dict) -> str:
     """The margin column of a ranked entry: ``ok``, ``SHORT`` (headroom below the margin), or ``—``
     when the result carries no margin (older results)."""

@@ -21,7 +21,7 @@ from search.margin import DEFAULT_MEMORY_MARGIN_GIB, margin_problem
 
 from app.formats.bounds import flag_problems
 from app.formats.inputs import InputError, load_cluster, load_model
-from app.formats.plan import parse_tokens, plan_result
+from app.formats.plan import parse_tokens, plan_result, tokens_text
 
 from ..common import parse_fix
 from ..console import stdout_console
@@ -47,7 +47,7 @@ def _money(x) -> str:
 def plan_table(plan: dict) -> Table:
     """One row per device count; a count where nothing fits says why in the layout column."""
     deadline = plan["inputs"].get("deadline_days")
-    t = Table(title=f"capacity plan: {plan['inputs']['tokens']:.3g} tokens on {plan['inputs']['cluster']}",
+    t = Table(title=f"capacity plan: {tokens_text(plan['inputs']['tokens'])} tokens on {plan['inputs']['cluster']}",
               title_justify="left")
     for col in ("devices", "tp/pp/vpp/cp/ep/dp/mbs", "tokens/s", "MFU", "days", "device-hours", "cost", "pareto",
                 "deadline"):
