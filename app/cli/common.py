@@ -44,3 +44,22 @@ def parse_fix(items: tuple[str, ...]) -> dict:
         except json.JSONDecodeError:
             fixed[key.strip()] = raw
     return fixed
+
+
+def given(name: str) -> bool:
+    """Whether the running command's parameter ``name`` was given on the command line (not its default,
+    not an environment variable)."""
+    ctx = click.get_current_context()
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+
+def unused_option(names: tuple[str, ...], why: str) -> InputError | None:
+    """An option given on the command line that has no effect in this invocation, as the input error that
+    names it (``--timeout: has no effect without --wait ...``); None when none of ``names`` was given.
+    Options that do nothing are refused rather than ignored: the user meant something by them."""
+    ctx = click.get_current_context()
+    for name in names:
+        if given(name):
+            param = next(p for p in ctx.command.params if p.name == name)
+            return InputError(max(param.opts, key=len), f"has no effect {why}")
+    return None

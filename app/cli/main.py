@@ -13,7 +13,7 @@ from rich.table import Table
 
 from costmodel.runtime import tune_allocator
 from search import ENGINES, SearchRequest, SpaceError, run_search, validate_fixed
-from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
+from search.engine import AUTO_EXHAUSTIVE_MAX, DEFAULT_TOP_K, DEFAULT_TRIALS
 from search.frameworks import FRAMEWORKS, default_framework
 from search.margin import DEFAULT_MEMORY_MARGIN_GIB, margin_problem
 
@@ -25,7 +25,7 @@ from app.formats.results import check_finite
 from app.formats.results import evaluate as evaluate_config
 from app.formats.validation import cross_validated, cv_folds, factors_at_bound, read_runs, score_runs
 
-from .common import EXIT_NO_FIT, err, fail, out, parse_fix, print_json
+from .common import EXIT_NO_FIT, err, fail, given, out, parse_fix, print_json, unused_option
 from .console import drop_stdout, longest_word, wrappable
 
 class _Group(click.Group):
@@ -275,6 +275,13 @@ def _search_table(result: dict, margin_gib: float) -> None:
     _best_warnings(result)
 
 
+def next_steps(framework: str) -> str:
+    """The line under a search's tables that says what to do with the result: keep it as JSON, then the
+    report (plots) and the launch arguments of the ranked configs."""
+    return ("next: add --json > result.json to keep it, then `paraplan report result.json -o report.html` (plots) "
+            f"or `paraplan export result.json --format {framework}` (launch arguments)")
+
+
 def _best_warnings(result: dict) -> None:
     """The best config's warnings (calibration coverage, extrapolation) under the table, as evaluate prints them."""
     best = result.get("best")
@@ -318,6 +325,11 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
             raise InputError(name, problem)
         if (problem := margin_problem(memory_margin_gib)) is not None:
             raise InputError("memory_margin_gib", problem)
+        if sampler == "exhaustive" and (exc := unused_option(SAMPLER_ONLY, EXHAUSTIVE_WHY)) is not None:
+            raise exc
+        if storage is None and (exc := unused_option(("study_name",), "without --storage (it names a stored "
+                                                                       "study)")) is not None:
+            raise exc
         spec = load_model(model, seq_length)
         profile = load_cluster(cluster)
         if (problem := margin_problem(memory_margin_gib, profile.fact("memory_gib"))) is not None:
@@ -340,10 +352,16 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
                        "devices": devices, "global_batch_size": global_batch_size, "precision": precision,
                        "moe_load_imbalance": moe_load_imbalance, "memory_margin_gib": memory_margin_gib,
                        "framework": req.framework}, **result}
+    if result["engine"] == "exhaustive" and (unused := [f"--{n.removesuffix('_s').replace('_', '-')}"
+                                                        for n in SAMPLER_ONLY if given(n)]):
+        err.print(f"note: {', '.join(unused)} not used: sampler auto scored the whole space "
+                  f"({result['space_size']:,} configs, at most {AUTO_EXHAUSTIVE_MAX:,} are enumerated); pass "
+                  "--sampler tpe to sample", highlight=False)
     if as_json:
         print_json(full)
     elif result["top"]:
         _search_table(result, memory_margin_gib)
+        out.print(next_steps(req.framework), highlight=False, soft_wrap=False)
     best = result["best"]
     if best is not None and best.get("keeps_margin") is False:
         err.print(f"[yellow]warning:[/yellow] no config keeps the {memory_margin_gib:g} GiB memory margin; the best "
@@ -354,6 +372,11 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
                  if smallest is not None else ": no structurally valid config was found")
         err.print(f"[red]no config fits in {profile.fact('memory_gib'):g} GiB[/red]{where}", highlight=False)
         sys.exit(EXIT_NO_FIT)
+
+
+# The search options only a sampler reads: the exhaustive engine scores the whole space, once, in order.
+SAMPLER_ONLY = ("trials", "seed", "timeout_s", "storage", "study_name")
+EXHAUSTIVE_WHY = "with --sampler exhaustive (it scores the whole space; the samplers read it)"
 
 
 def _run_with_progress(req: SearchRequest) -> dict:

@@ -142,7 +142,7 @@ def _trials_note(job: dict, trials: int | None) -> str | None:
 
     why = (f"sampler auto scores a space of at most {AUTO_EXHAUSTIVE_MAX:,} configs exhaustively"
            if search.get("sampler") == "auto" else "the exhaustive sampler scores the whole space")
-    return (f"note: --trials {trials:,} was not used: {why} ({search.get('space_size', 0):,} configs); "
+    return (f"note: --trials {trials:,} was not used: {why} ({search.get('space_size') or 0:,} configs); "
             "the counts below are configs scored, not trials (pass --sampler tpe to sample)")
 
 
@@ -218,7 +218,19 @@ def submit(server, model, cluster, devices, global_batch_size, trials, sampler, 
     """Submit a search job to a ParaPlan server (the CI client); exit 0 only for a usable plan."""
     from rich.console import Console
 
+    from ..common import unused_option
+
     err = Console(stderr=True, soft_wrap=True)
+    unused = None
+    if not wait and min_mfu is None:
+        unused = unused_option(("timeout_s", "poll_s"), "without --wait or --min-mfu (it paces or bounds following "
+                                                        "the job; the job's own limit is --search-timeout)")
+    if unused is None and sampler == "exhaustive":
+        unused = unused_option(("trials", "seed", "search_timeout"),
+                               "with --sampler exhaustive (it scores the whole space; the samplers read it)")
+    if unused is not None:
+        err.print(f"[red]error:[/red] {unused}", highlight=False)
+        sys.exit(EXIT_INPUT)
     try:
         code = _submit(err, server, model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix,
                        precision, moe_load_imbalance, seq_length, allow_cross_domain_tp, search_timeout,
@@ -266,8 +278,6 @@ def _submit(err, server, model, cluster, devices, gbs, trials, sampler, top_k, s
         headers["Authorization"] = f"Bearer {api_key}"
     with httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=30.0) as client:
         job = _post_with_retries(client, body)
-        if (note := _trials_note(job, trials)) is not None:
-            err.print(note, highlight=False)
         if not wait:
             if as_json:
                 echo(json.dumps(job, indent=2))
@@ -278,6 +288,8 @@ def _submit(err, server, model, cluster, devices, gbs, trials, sampler, top_k, s
             return EXIT_OK
         client.headers.pop("Idempotency-Key", None)
         job = _follow(client, job, timeout_s, poll_s, err)
+        if (note := _trials_note(job, trials)) is not None:  # the engine auto chose is known once the job ran
+            err.print(note, highlight=False)
         configs = []
         if job["status"] == "succeeded":
             limit = max(1, min(500, (job["inputs"]["search"] or {}).get("top_k", 10)))
