@@ -24,6 +24,7 @@ from app.service.schemas.jobs import PLAN_FIELDS, RL_FIELDS, JobCreate
 from costmodel import ClusterProfile
 from costmodel.result import PARAPLAN_VERSION
 from search import SpaceError, build_space, validate_fixed
+from search.space import check_pins
 from search.samplers import SAMPLERS
 from search.frameworks import default_framework
 from search.margin import margin_fields, margin_problem
@@ -118,6 +119,12 @@ def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None 
                                            "the service; pin some dimensions with search.fixed")
     _check_pinned_sizes(fixed, body.devices)
     framework = s.framework or default_framework(profile.name)
+    try:  # what needs no enumeration of the space
+        check_pins(spec, profile, body.devices, body.global_batch_size, precision=body.precision,
+                   moe_load_imbalance=body.moe_load_imbalance, fixed=fixed, allow_cross_domain_tp=s.allow_cross_domain_tp,
+                   framework=framework)
+    except SpaceError as exc:
+        raise _space_error(exc) from None
     # The search space is built by the worker that runs the job (seconds for a large MoE model: the request
     # must not wait for it); until then `auto` stays unresolved and the space size unknown, and a space
     # that turns out empty fails the job with its reason (app/service/worker.py).
