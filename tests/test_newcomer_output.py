@@ -227,7 +227,19 @@ def test_a_broken_yaml_file_is_named(tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-def test_validator_messages_have_no_pydantic_prefix_and_errors_are_listed_once():
+def test_validator_messages_have_no_pydantic_prefix_and_errors_are_listed_once(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from app.service.core.config import Settings
+    from app.service.main import create_app
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        client = TestClient(create_app(Settings(database_url=f"sqlite:///{tmp_path / 'a.db'}", embedded_worker=False)))
+    with client as c:
+        r = c.post("/v1/evaluate", json={"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 8, "config": {
+            "global_batch_size": 64, "recompute": "selective", "recompute_modules": ["foo"]}})
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"].startswith("unknown recompute module"), r.text
     proc = run_cli("evaluate", *SMALL, "--config",
                    '{"global_batch_size": 64, "recompute": "selective", "recompute_modules": ["foo"]}')
     assert proc.returncode == 2 and proc.stderr.startswith("error: config.recompute_modules: unknown recompute"), \
