@@ -80,10 +80,13 @@ def _entries(req: SearchRequest, ranked: Ranked) -> tuple[list[dict], list[dict]
 
 
 def run_search(req: SearchRequest, progress: ProgressFn | None = None,
-               check: Callable[[], None] | None = None) -> dict:
+               check: Callable[[], None] | None = None,
+               on_engine: Callable[[str, int], None] | None = None) -> dict:
     """Run one search. ``progress(done, total)`` is called as trials (or configs) are scored;
-    ``check()`` before and while the space is built (seconds on a big space, before any progress).
-    Either may raise to stop the search (a cancelled job, a worker shutting down)."""
+    ``check()`` before and while the space is built (seconds on a big space, before any progress);
+    ``on_engine(engine, space_size)`` once the space is built and ``auto`` resolved, before any scoring
+    (a job records them). Any of them may raise to stop the search (a cancelled job, a worker shutting
+    down)."""
     started = time.perf_counter()
     if check is not None:
         check()
@@ -97,6 +100,8 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None,
     engine = req.sampler
     if engine == "auto":
         engine = auto_engine(space)
+    if on_engine is not None:
+        on_engine(engine, size)
     if engine == "exhaustive":
         ranked: Ranked = run_exhaustive(space, req.top_k, progress, margin_gib=req.memory_margin_gib)
     else:

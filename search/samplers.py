@@ -37,6 +37,7 @@ TPE_ROUND = 8  # trials asked before the next tell: TPE's model is refitted betw
 NSGA2_POPULATION = 50
 INVALID_VIOLATION = 1e3  # constraint value of a structurally invalid config (GiB-like scale)
 CONSTRAINT = "memory_over_capacity_gib"
+KEEPS_MARGIN = "keeps_margin"  # user attribute of a feasible trial: its told config keeps the memory margin
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -299,6 +300,8 @@ def _tell(study: optuna.Study, trial, valid, ok, tok, pk, room, *, capacity_gib:
     trial.set_constraint(CONSTRAINT, violation)
     if worker is not None:
         trial.set_user_attr("worker", worker)
+    if best is not None:  # the history (a job's report reads it from the study) marks configs short of the margin
+        trial.set_user_attr(KEEPS_MARGIN, bool(room[best] >= margin_gib))
     tokens = float(tok[best]) if best is not None else 0.0
     if multi:
         headroom = float(room[best]) if best is not None else -INVALID_VIOLATION
@@ -364,8 +367,7 @@ def rank_trials(space: SearchSpace, trials: list[optuna.trial.FrozenTrial], top_
             j = int(np.argmin(np.where(valid[sl], pk[sl], np.inf)))
             if pk[sl][j] < min_peak:
                 min_peak, min_index = float(pk[sl][j]), sl.start + j
-        history.append({"trial": trial.number, "tokens_per_s": float(tok[sl][f].max()) if f.any() else None,
-                        "feasible": bool(f.any())})
+        history.append(_history_entry(trial.number, ok[sl], tok[sl], room[sl], margin_gib))
         if not f.any():
             continue
         feasible_trials += 1
@@ -388,6 +390,18 @@ def rank_trials(space: SearchSpace, trials: list[optuna.trial.FrozenTrial], top_
                   smallest_peak_config=None if min_index is None else space.choice_config(flat[min_index]),
                   history=history, extra={"configs_scored": configs_scored}, layouts=best_of_layouts,
                   feasible_layouts=len(shape_of))
+
+
+def _history_entry(number: int, ok: np.ndarray, tok: np.ndarray, room: np.ndarray, margin_gib: float) -> dict:
+    """One trial as the history shows it: the tokens/s of the layout's config the ranking puts first (the
+    value the trial was told), and whether that config keeps the memory margin. A config that only fits
+    inside the margin ranks after every one that keeps it, so a history that showed the layout's fastest
+    fitting config would climb above the ranked best."""
+    j = _best_index(ok, tok, room, margin_gib)
+    if j is None:
+        return {"trial": number, "tokens_per_s": None, "feasible": False}
+    return {"trial": number, "tokens_per_s": float(tok[j]), "feasible": True,
+            "keeps_margin": bool(room[j] >= margin_gib)}
 
 
 def _pareto(study: optuna.Study, space: SearchSpace, margin_gib: float = 0.0) -> list[dict]:

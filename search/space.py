@@ -711,16 +711,10 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
     None offers every option the cost model has (the CLI and the service always name one). ``check`` is
     called between the steps of the build (``SearchSpace.check``) and may raise to stop it."""
     check = check or (lambda: None)
-    fixed = _with_dispatch_pin(dict(fixed or {}))
-    constants = _constants(spec, fixed, framework)
-    if constants.get("fp8_recipe") is not None and precision != "fp8":
-        raise SpaceError("fix.fp8_recipe", "applies to precision fp8 only (--precision fp8)")
+    fixed, constants, values, routed, imbalance_by_ep = _dimensions(spec, profile, devices, precision,
+                                                                     moe_load_imbalance, fixed,
+                                                                     allow_cross_domain_tp, framework)
     imbalance = DEFAULT_MOE_LOAD_IMBALANCE if moe_load_imbalance is None else moe_load_imbalance
-    values = _apply_fixed(_values(spec, profile, devices, allow_cross_domain_tp, framework), fixed)
-    routed, imbalance_by_ep = _routing_imbalance(spec, fixed, values["ep"], moe_load_imbalance, framework)
-    for key, vals in values.items():
-        if not vals:
-            raise SpaceError(f"fix.{key}" if key in fixed else key, "no value is left for this dimension")
 
     layouts: list[str] = []
     if "pipeline_layout" in fixed:
@@ -790,6 +784,39 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
         raise _no_config_error(devices, global_batch_size, int(profile.fact("scale_up_domain")))
     space.check = None  # the build's own: a sampler's round is not stopped half-told
     return space
+
+
+def check_pins(spec: ModelSpec, profile: ClusterProfile, devices: int, global_batch_size: int, *,
+               precision: str = "bf16", moe_load_imbalance: float | None = None, fixed: dict | None = None,
+               allow_cross_domain_tp: bool = False, framework: str | None = None) -> None:
+    """The checks of ``build_space`` that enumerate no layout (milliseconds, where the build takes seconds
+    on a large MoE model): the pins against the model, the framework and the precision, the routing inputs,
+    a dimension the pins leave with no value, and a device count and batch that no tp × pp × cp and
+    micro-batch size can split (Megatron's rule: dp = devices / (tp·pp·cp) a whole number, the global
+    batch a multiple of micro-batch × dp). Raises ``SpaceError`` as ``build_space`` would; a space these
+    pass may still turn out empty (the validity rules), which only the build finds."""
+    _, _, values, _, _ = _dimensions(spec, profile, devices, precision, moe_load_imbalance, fixed,
+                                     allow_cross_domain_tp, framework)
+    for tp, pp, cp in product(values["tp"], values["pp"], values["cp"]):
+        if devices % (tp * pp * cp) == 0:
+            dp = devices // (tp * pp * cp)
+            if any(global_batch_size % (mbs * dp) == 0 for mbs in values["micro_batch_size"]):
+                return
+    raise _no_config_error(devices, global_batch_size, int(profile.fact("scale_up_domain")))
+
+
+def _dimensions(spec, profile, devices, precision, moe_load_imbalance, fixed, allow_cross_domain_tp, framework):
+    """The pins (with the dispatch pin), the constant fields, each dimension's values, and the routing."""
+    fixed = _with_dispatch_pin(dict(fixed or {}))
+    constants = _constants(spec, fixed, framework)
+    if constants.get("fp8_recipe") is not None and precision != "fp8":
+        raise SpaceError("fix.fp8_recipe", "applies to precision fp8 only (--precision fp8)")
+    values = _apply_fixed(_values(spec, profile, devices, allow_cross_domain_tp, framework), fixed)
+    routed, imbalance_by_ep = _routing_imbalance(spec, fixed, values["ep"], moe_load_imbalance, framework)
+    for key, vals in values.items():
+        if not vals:
+            raise SpaceError(f"fix.{key}" if key in fixed else key, "no value is left for this dimension")
+    return fixed, constants, values, routed, imbalance_by_ep
 
 
 def _no_config_error(devices: int, global_batch_size: int, node_size: int) -> SpaceError:

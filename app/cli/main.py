@@ -6,16 +6,14 @@ message on stderr naming the field, and exit code 2; never a traceback.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from costmodel.runtime import tune_allocator
 from search import ENGINES, SearchRequest, SpaceError, run_search, validate_fixed
-from search.engine import DEFAULT_TOP_K, DEFAULT_TRIALS
+from search.engine import AUTO_EXHAUSTIVE_MAX, DEFAULT_TOP_K, DEFAULT_TRIALS
 from search.frameworks import FRAMEWORKS, default_framework
 from search.margin import DEFAULT_MEMORY_MARGIN_GIB, margin_problem
 
@@ -27,23 +25,9 @@ from app.formats.results import check_finite
 from app.formats.results import evaluate as evaluate_config
 from app.formats.validation import cross_validated, cv_folds, factors_at_bound, read_runs, score_runs
 
-from .console import drop_stdout, longest_word, stdout_console, wrappable
+from .common import EXIT_NO_FIT, err, fail, given, out, parse_fix, print_json, unused_option
+from .console import drop_stdout, longest_word, wrappable
 from .resilience_flags import resilience_flags, resilience_from_flags
-
-EXIT_INPUT = 2
-EXIT_NO_FIT = 3
-out = stdout_console()
-err = Console(stderr=True, soft_wrap=True)
-
-
-def _fail(exc: InputError) -> None:
-    err.print(f"[red]error:[/red] {exc}", highlight=False)
-    sys.exit(EXIT_INPUT)
-
-
-def _print_json(data) -> None:
-    click.echo(json.dumps(data, indent=2, allow_nan=False))
-
 
 class _Group(click.Group):
     """The command group; a reader that closes stdout early (``paraplan evaluate ... | head -1``) is not an
@@ -132,14 +116,14 @@ def evaluate(model, cluster, devices, config, seq_length, as_json) -> None:
         check_config_for_model(spec, cfg)
         check_devices(devices)
     except InputError as exc:
-        _fail(exc)
+        fail(exc)
     result = evaluate_config(spec, profile, devices, cfg)
     try:
         check_finite(result, profile)  # a degenerate profile: exit 2 naming the fact, not nulls (issue 19)
     except InputError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
-        _print_json(result)
+        print_json(result)
     else:
         _evaluation_tables(result)
 
@@ -156,7 +140,7 @@ def validate(runs_file, as_json, worst, with_cv) -> None:
     try:
         runs = read_runs(runs_file)
     except InputError as exc:
-        _fail(exc)
+        fail(exc)
     report = score_runs(runs)
     report["factors_at_bound"] = factors_at_bound(sorted({r["cluster"] for r in report["runs"]}))
     if with_cv:
@@ -168,7 +152,7 @@ def validate(runs_file, as_json, worst, with_cv) -> None:
         public = {**report, "runs": [{k: r.get(k) for k in keys} for r in report["runs"]]}
         if with_cv:
             public["cv"] = {k: v for k, v in report["cv"].items() if k != "errors"}
-        _print_json(public)
+        print_json(public)
         return
     _validation_tables(report, worst, with_cv)
 
@@ -220,19 +204,6 @@ def _validation_tables(report: dict, worst: int, with_cv: bool) -> None:
         for k, f in factors.items():
             why = f["reason"] or "[red]no reason stated in the profile: an effect the model misses?[/red]"
             out.print(f"  {cluster} {k} = {f['value']:g} at its {f['bound']} bound: {why}", highlight=False)
-
-
-def _parse_fix(items: tuple[str, ...]) -> dict:
-    fixed = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise InputError("fix", f"{item!r} is not KEY=VALUE")
-        try:
-            fixed[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            fixed[key.strip()] = raw  # a bare string such as recompute=selective
-    return fixed
 
 
 def _layouts_table(layouts: list[dict], title: str, narrow: bool = False) -> Table:
@@ -305,6 +276,13 @@ def _search_table(result: dict, margin_gib: float) -> None:
     _best_warnings(result)
 
 
+def next_steps(framework: str) -> str:
+    """The line under a search's tables that says what to do with the result: keep it as JSON, then the
+    report (plots) and the launch arguments of the ranked configs."""
+    return ("next: add --json > result.json to keep it, then `paraplan report result.json -o report.html` (plots) "
+            f"or `paraplan export result.json --format {framework}` (launch arguments)")
+
+
 def _best_warnings(result: dict) -> None:
     """The best config's warnings (calibration coverage, extrapolation) under the table, as evaluate prints them."""
     best = result.get("best")
@@ -349,11 +327,16 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
             raise InputError(name, problem)
         if (problem := margin_problem(memory_margin_gib)) is not None:
             raise InputError("memory_margin_gib", problem)
+        if sampler == "exhaustive" and (exc := unused_option(SAMPLER_ONLY, EXHAUSTIVE_WHY)) is not None:
+            raise exc
+        if storage is None and (exc := unused_option(("study_name",), "without --storage (it names a stored "
+                                                                       "study)")) is not None:
+            raise exc
         spec = load_model(model, seq_length)
         profile = load_cluster(cluster)
         if (problem := margin_problem(memory_margin_gib, profile.fact("memory_gib"))) is not None:
             raise InputError("memory_margin_gib", problem)
-        fixed = _parse_fix(fix)
+        fixed = parse_fix(fix)
         check_config_data(fixed, "fix")
         fixed = validate_fixed(fixed, global_batch_size)
         req = SearchRequest(spec=spec, profile=profile, devices=devices, global_batch_size=global_batch_size,
@@ -365,17 +348,23 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
                             resilience=resilience_from_flags(resilience))
         result = _run_with_progress(req)
     except SpaceError as exc:
-        _fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
+        fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
     except InputError as exc:
-        _fail(exc)
+        fail(exc)
     full = {"inputs": {"model": spec.model_dump(mode="json", exclude_none=True), "cluster": profile.name,
                        "devices": devices, "global_batch_size": global_batch_size, "precision": precision,
                        "moe_load_imbalance": moe_load_imbalance, "memory_margin_gib": memory_margin_gib,
                        "framework": req.framework}, **result}
+    if result["engine"] == "exhaustive" and (unused := [f"--{n.removesuffix('_s').replace('_', '-')}"
+                                                        for n in SAMPLER_ONLY if given(n)]):
+        err.print(f"note: {', '.join(unused)} not used: sampler auto scored the whole space "
+                  f"({result['space_size']:,} configs, at most {AUTO_EXHAUSTIVE_MAX:,} are enumerated); pass "
+                  "--sampler tpe to sample", highlight=False)
     if as_json:
-        _print_json(full)
+        print_json(full)
     elif result["top"]:
         _search_table(result, memory_margin_gib)
+        out.print(next_steps(req.framework), highlight=False, soft_wrap=False)
     best = result["best"]
     if best is not None and best.get("keeps_margin") is False:
         err.print(f"[yellow]warning:[/yellow] no config keeps the {memory_margin_gib:g} GiB memory margin; the best "
@@ -386,6 +375,11 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
                  if smallest is not None else ": no structurally valid config was found")
         err.print(f"[red]no config fits in {profile.fact('memory_gib'):g} GiB[/red]{where}", highlight=False)
         sys.exit(EXIT_NO_FIT)
+
+
+# The search options only a sampler reads: the exhaustive engine scores the whole space, once, in order.
+SAMPLER_ONLY = ("trials", "seed", "timeout_s", "storage", "study_name")
+EXHAUSTIVE_WHY = "with --sampler exhaustive (it scores the whole space; the samplers read it)"
 
 
 def _run_with_progress(req: SearchRequest) -> dict:

@@ -59,7 +59,10 @@ def number_problem(value, low: float, high: float, low_open: bool = False) -> st
     """Why a float input is out of bounds (NaN and infinities included), or None."""
     if value is None:
         return None
-    if not math.isfinite(value) or value > high or (value <= low if low_open else value < low):
+    if not math.isfinite(value):  # NaN misses no bound: it is not a number
+        return (f"must be a finite number ({'above' if low_open else 'at least'} {low:g} and at most {high:g}), "
+                f"not {value}")
+    if value > high or (value <= low if low_open else value < low):
         return f"must be {'above' if low_open else 'between'} {low:g}" + (f" and at most {high:g}" if low_open
                                                                          else f" and {high:g}")
     return None

@@ -53,9 +53,13 @@ def scatter_figure(report: dict) -> dict:
              f"{_fmt(report['mape_before'], '.3f')} before, {_fmt(report['mape_after'], '.3f')} after")
     return {"data": [trace("before", TRACE_BEFORE, COLOURS[1]), trace("after", TRACE_AFTER, COLOURS[0]), diagonal],
             "layout": _layout(title, "measured tokens/s per device", "predicted tokens/s per device",
-                              xaxis={"title": {"text": "measured tokens/s per device"}, "range": [lo, hi]},
+                              # one scale on both axes (y = x at 45 degrees): the panel shrinks to a square
+                              # ("constrain": "domain"), where Plotly would otherwise widen the x range past the
+                              # data (on a wide panel, 0-5K of runs drawn from -8K to 14K)
+                              xaxis={"title": {"text": "measured tokens/s per device"}, "range": [lo, hi],
+                                     "constrain": "domain"},
                               yaxis={"title": {"text": "predicted tokens/s per device"}, "range": [lo, hi],
-                                     "scaleanchor": "x"})}
+                                     "scaleanchor": "x", "constrain": "domain"})}
 
 
 def _factors_table(report: dict) -> str:

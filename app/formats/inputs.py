@@ -17,28 +17,44 @@ import model_presets
 from costmodel import ClusterProfile, ModelSpec, TrainingConfig, routing
 
 from .bounds import MAX_DEVICES, SPEC_CAPS, config_problems, int_problem, layout_problem
-from .errors import InputError  # noqa: F401 - re-exported: callers catch app.formats.inputs.InputError
+from .errors import InputError, validation_message  # noqa: F401 - InputError re-exported: callers catch app.formats.inputs.InputError
 
 
-def describe_validation_error(exc: ValidationError, prefix: str) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        where = f"{prefix}.{loc}" if loc else prefix
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
+def _where(err: dict, prefix: str) -> str:
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{prefix}.{loc}" if loc else prefix
+
+
+def describe_validation_error(exc: ValidationError, prefix: str, errors: list[dict] | None = None) -> str:
+    """``field: reason`` of each error (of ``errors`` when given, else all of ``exc``'s), joined by "; "."""
+    return "; ".join(f"{_where(err, prefix)}: {validation_message(err)}"
+                     for err in (exc.errors() if errors is None else errors))
 
 
 def _validated(cls, data, prefix: str):
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        field = f"{prefix}.{loc}" if loc else prefix
-        others = len(exc.errors()) - 1
-        reason = first["msg"] + (f" (and {others} more: {describe_validation_error(exc, prefix)})" if others else "")
-        raise InputError(field, reason) from None
+        first, *others = exc.errors()
+        reason = validation_message(first)
+        if others:  # the first error is the message's own; the rest follow, each once
+            reason += f" (and {len(others)} more: {describe_validation_error(exc, prefix, others)})"
+        raise InputError(_where(first, prefix), reason) from None
+
+
+def yaml_problem(exc: yaml.YAMLError, source: str) -> str:
+    """A YAML parse error in one line that names ``source`` (the file, or "inline text"), where PyYAML's own
+    message names the parsed text "<unicode string>" and spreads over several lines with carets."""
+    def at(mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return f"{source} is not valid YAML ({' '.join(str(exc).split())})"
+    what = exc.problem or "cannot be parsed"
+    where = f" at {at(exc.problem_mark)}" if exc.problem_mark is not None else ""
+    context = f" ({exc.context} at {at(exc.context_mark)})" if exc.context and exc.context_mark is not None else (
+        f" ({exc.context})" if exc.context else "")
+    return f"{source} is not valid YAML: {what}{where}{context}"
 
 
 def read_mapping(text_or_path: str, field: str) -> dict:
@@ -55,8 +71,10 @@ def read_mapping(text_or_path: str, field: str) -> dict:
                 raise InputError(field, f"file {text_or_path!r} does not exist")
             text = path.read_text()
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InputError(field, f"not valid JSON/YAML ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(field, f"not valid JSON ({exc})") from None
+    except yaml.YAMLError as exc:
+        raise InputError(field, yaml_problem(exc, repr(text_or_path))) from None
     except OSError as exc:
         raise InputError(field, f"cannot read {text_or_path!r} ({exc.strerror})") from None
     if not isinstance(data, dict):
@@ -92,8 +110,12 @@ def load_model(model: str | dict, seq_length: int | None = None) -> ModelSpec:
 
 
 def load_cluster(cluster: str | dict) -> ClusterProfile:
+    from .results import refuse_degenerate
+
     data = _catalog_data(hardware_profiles.load_data, hardware_profiles.ProfileNotFound, cluster, "cluster")
-    return _validated(ClusterProfile, data, "cluster")
+    profile = _validated(ClusterProfile, data, "cluster")
+    refuse_degenerate(profile)  # before any arithmetic overflows on it
+    return profile
 
 
 def _catalog_data(load, not_found: type[Exception], value, field: str) -> dict:
@@ -104,7 +126,9 @@ def _catalog_data(load, not_found: type[Exception], value, field: str) -> dict:
         return load(value)
     except not_found as exc:
         raise InputError(field, str(exc).strip('"')) from None
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    except yaml.YAMLError as exc:
+        raise InputError(field, yaml_problem(exc, repr(value) if isinstance(value, str) else "the text")) from None
+    except (OSError, ValueError) as exc:
         raise InputError(field, str(exc)) from None
 
 

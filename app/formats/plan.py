@@ -34,6 +34,15 @@ def parse_tokens(text: str, field: str = "tokens") -> float:
     return value
 
 
+def tokens_text(tokens: float) -> str:
+    """A token count as budgets are quoted, with the largest decimal suffix that leaves at least 1
+    (19e12 -> "19T", 5e11 -> "500B", 1.25e13 -> "12.5T", 800 -> "800")."""
+    for suffix in ("P", "T", "B", "M", "K"):
+        if abs(tokens) >= TOKEN_SUFFIXES[suffix]:
+            return f"{tokens / TOKEN_SUFFIXES[suffix]:.4g}{suffix}"
+    return f"{tokens:.4g}"
+
+
 def plan_inputs(spec: ModelSpec, profile: ClusterProfile, req: PlanRequest, resolved: dict) -> dict:
     """What the plan was asked, with the defaults it resolved (device range, step, batch tokens)."""
     return {"model": spec.model_dump(mode="json", exclude_none=True), "cluster": profile.name,

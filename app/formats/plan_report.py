@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 
+from .plan import tokens_text
 from .report import CSS, ReportError, _layout, plotly_js
 
 PLOT_ID = "plot-plan"
@@ -88,6 +89,13 @@ def _table(plan: dict) -> str:
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
+def _deadline_text(deadline) -> str:
+    """The plan's deadline in words: "deadline 90 days", or "no deadline" when the plan has none."""
+    if deadline is None:
+        return "no deadline"
+    return f"deadline {deadline:g} days" if isinstance(deadline, (int, float)) else f"deadline {deadline} days"
+
+
 def render_plan_report(plan: dict) -> str:
     """The HTML page (a str) of a plan; :class:`ReportError` names what a bad plan lacks."""
     check_plan(plan)
@@ -98,9 +106,11 @@ def render_plan_report(plan: dict) -> str:
     payload = json.dumps({PLOT_ID: plan_figure(plan)}, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
     tokens = inputs.get("tokens")
     chosen = plan.get("chosen")
-    summary = (f"{'—' if tokens is None else f'{tokens:.3g}'} tokens · devices {inputs.get('devices_min', '?')}–"
-               f"{inputs.get('devices_max', '?')} step {inputs.get('devices_step', '?')} · deadline "
-               f"{inputs.get('deadline_days') or 'none'} days · plan time {plan.get('plan_time_s') or 0:.1f} s")
+    deadline = inputs.get("deadline_days")
+    summary = (f"{'—' if not isinstance(tokens, (int, float)) else tokens_text(tokens)} tokens · devices "
+               f"{inputs.get('devices_min', '?')}–{inputs.get('devices_max', '?')} step {inputs.get('devices_step', '?')}"
+               f" · {_deadline_text(deadline)} · plan time "
+               f"{plan.get('plan_time_s') or 0:.1f} s")
     chosen_line = (f"Chosen: <b id=\"chosen\">{chosen:,}</b> devices" if chosen is not None
                    else "Chosen: <b id=\"chosen\">none</b>") + f" — {html.escape(str(plan.get('chosen_reason', '')))}"
     return f"""<!DOCTYPE html>

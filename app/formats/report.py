@@ -33,7 +33,7 @@ from functools import lru_cache
 
 from costmodel.evaluate import TIME_KEYS
 
-from .describe import config_brief, layout_brief, margin_mark, variant_brief
+from .describe import config_brief, distinct_briefs, layout_brief, margin_mark, variant_brief
 
 PLOT_IDS = ("plot-time", "plot-memory", "plot-pareto", "plot-history")
 ROUTING_PLOT_ID = "plot-routing"  # a fifth plot, only where the best config states a routing distribution
@@ -85,6 +85,8 @@ def check_result(result) -> None:
     for i, h in enumerate(result.get("history") or []):
         if not isinstance(h, dict) or "tokens_per_s" not in h:
             raise ReportError(f"history[{i}]", "must be an object with trial, tokens_per_s and feasible")
+        if h.get("keeps_margin") is not None and not isinstance(h["keeps_margin"], bool):
+            raise ReportError(f"history[{i}].keeps_margin", "must be true or false")
     if result.get("inputs") is not None and not isinstance(result["inputs"], dict):
         raise ReportError("inputs", "must be an object")
     if result.get("layouts") is not None and not isinstance(result["layouts"], list):
@@ -315,30 +317,52 @@ def pareto_figure(result: dict) -> dict:
     return {"data": data, "layout": _layout(title, "peak memory (GiB; dashed: capacity)", "tokens/s", shapes=shapes)}
 
 
+def _history_points(history: list[dict]) -> tuple[dict[str, list], list, list]:
+    """The trials split as the ranking sees them (feasible and keeping the memory margin; feasible but short
+    of it; nothing fits) as {name: ([trials], [tokens/s])}, and the best-so-far line. The line follows the
+    ranking, which puts every config that keeps the margin before any that does not: where a trial keeps
+    the margin the line counts only such trials, so it never falls and ends at the ranked best (an entry
+    without ``keeps_margin``, from an older result, counts as keeping it)."""
+    points = {"keeps": ([], []), "short": ([], []), "none": ([], [])}
+    for h in history:
+        t = _num(h.get("tokens_per_s"))
+        kind = "none" if t is None or not h.get("feasible", True) or t <= 0 else (
+            "short" if h.get("keeps_margin") is False else "keeps")
+        points[kind][0].append(h.get("trial"))
+        points[kind][1].append(0 if kind == "none" else t)
+    counted = ("keeps",) if points["keeps"][0] else ("keeps", "short")  # what the ranked best is drawn from
+    bx, by, best = [], [], None
+    for h in history:
+        t = _num(h.get("tokens_per_s"))
+        kind = "short" if h.get("keeps_margin") is False else "keeps"
+        if t is not None and h.get("feasible", True) and t > 0 and kind in counted:
+            best = t if best is None else max(best, t)
+        if best is not None:
+            bx.append(h.get("trial"))
+            by.append(best)
+    return points, bx, by
+
+
 def history_figure(result: dict) -> dict:
     history = result.get("history")
     if history:
-        xs, ys, bx, by, ix = [], [], [], [], []
-        best = None
-        for h in history:
-            t, trial = _num(h.get("tokens_per_s")), h.get("trial")
-            if t is not None and h.get("feasible", True) and t > 0:
-                xs.append(trial)
-                ys.append(t)
-                best = t if best is None else max(best, t)
-            else:
-                ix.append(trial)
-            if best is not None:
-                bx.append(trial)
-                by.append(best)
-        data = [{"type": "scatter", "mode": "markers", "name": "feasible trial", "x": xs, "y": ys,
-                 "marker": {"size": 6, "color": "#4c78a8", "opacity": 0.7}},
+        points, bx, by = _history_points(history)
+        data = [{"type": "scatter", "mode": "markers", "name": "feasible trial", "x": points["keeps"][0],
+                 "y": points["keeps"][1], "marker": {"size": 6, "color": "#4c78a8", "opacity": 0.7}},
                 {"type": "scatter", "mode": "lines", "name": "best so far", "x": bx, "y": by,
                  "line": {"color": "#f58518", "width": 3, "shape": "hv"}}]
-        if ix:
-            data.append({"type": "scatter", "mode": "markers", "name": "no config fits (shown at 0)", "x": ix,
-                         "y": [0] * len(ix), "marker": {"size": 5, "color": "#e45756", "symbol": "x"}})
-        title = f"Optimisation history: {len(history)} trials, {len(xs)} feasible"
+        if points["short"][0]:
+            margin = _num((result.get("inputs") or {}).get("memory_margin_gib"))
+            data.insert(1, {"type": "scatter", "mode": "markers", "x": points["short"][0], "y": points["short"][1],
+                            "name": "fits, short of the " + (f"{margin:g} GiB " if margin is not None else "")
+                                    + "memory margin (ranked after)",
+                            "marker": {"size": 6, "color": "#b279a2", "symbol": "triangle-down", "opacity": 0.7}})
+        if points["none"][0]:
+            data.append({"type": "scatter", "mode": "markers", "name": "no config fits (shown at 0)",
+                         "x": points["none"][0], "y": points["none"][1],
+                         "marker": {"size": 5, "color": "#e45756", "symbol": "x"}})
+        feasible = len(points["keeps"][0]) + len(points["short"][0])
+        title = f"Optimisation history: {len(history)} trials, {feasible} feasible"
         return {"data": data, "layout": _layout(title, "trial", "tokens/s")}
     top = result["top"]
     why = result.get("history_note") or (
@@ -465,9 +489,9 @@ def _top_table(top: list[dict]) -> str:
     cols = ("rank", "config", "tokens/s", "tokens/s/device", "MFU", "HFU", "step s", "peak GiB", "fits", "margin")
     head = "".join(f"<th>{c}</th>" for c in cols)
     body = []
-    for e in top:
+    for e, brief in zip(top, distinct_briefs([e["config"] for e in top])):
         ev = e["evaluation"]
-        cells = (str(e["rank"]), config_brief(e["config"]), _fmt(ev.get("tokens_per_s"), ",.0f"),
+        cells = (str(e["rank"]), brief, _fmt(ev.get("tokens_per_s"), ",.0f"),
                  _fmt(ev.get("tokens_per_s_per_device"), ",.1f"), _fmt(ev.get("mfu"), ".3f"), _fmt(ev.get("hfu"), ".3f"),
                  _fmt(ev.get("step_time_s"), ".3f"), _fmt(_peak(ev), ".1f"), "yes" if ev["feasible"] else "no",
                  margin_mark(e))

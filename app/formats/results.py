@@ -60,6 +60,21 @@ def degenerate_facts(profile) -> dict[str, float]:
             and not (FACT_TINY <= abs(f.value) <= FACT_HUGE)}
 
 
+def refuse_degenerate(profile) -> None:
+    """An ``InputError`` naming the profile's first finite fact beyond any real device, before anything is
+    evaluated: a peak of 1e-308 TFLOP/s overflows the cost model's arithmetic (inf and NaN times) rather than
+    failing cleanly. NaN, infinite and negative values are left to the callers' own checks."""
+    import math
+
+    from .errors import InputError
+
+    bad = {k: v for k, v in degenerate_facts(profile).items() if math.isfinite(v)}
+    if bad:
+        name, value = next(iter(bad.items()))
+        raise InputError(f"cluster.facts.{name}", f"{value:g} is beyond any real device ({FACT_TINY:g} to "
+                                                  f"{FACT_HUGE:g}): the evaluations would not be finite")
+
+
 def check_finite(result: dict, profile) -> dict:
     """``result`` if its numbers are finite, else an ``InputError`` naming the cluster field to blame: the
     profile's facts beyond any real device (``cluster.facts.<name>`` when it is one), else ``cluster``; the

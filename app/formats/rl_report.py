@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import html
 
-from .describe import config_brief
+from .describe import config_brief, count_text
 from .report import COLOURS, ReportError, _layout, html_page
 
 TIME_PLOT_ID, MEMORY_PLOT_ID = "plot-rl-time", "plot-rl-memory"
@@ -96,7 +96,7 @@ def _row(mode: str, plan: dict | None) -> str:
         return f'<tr><td>{MODES[mode]}</td><td colspan="6">no plan fits</td></tr>'
     r, cfg = plan["rollout"], (plan.get("training") or {}).get("config") or {}
     rollout = (f"{plan.get('rollout_devices', '?')} devices: {r.get('dp', '?')} × (tp {r.get('tp', '?')}, ep "
-               f"{r.get('ep', '?')}), batch {r.get('batch', '?')}, {r.get('waves', '?')} waves"
+               f"{r.get('ep', '?')}), batch {r.get('batch', '?')}, {count_text(r.get('waves'), 'wave')}"
                + (", states offloaded" if r.get("offload_training_state") else ""))
     cells = [MODES[mode], f"{plan['step_time_s']:,.2f}", f"{plan.get('generated_tokens_per_s') or 0:,.0f}",
              f"{plan.get('trained_tokens_per_s') or 0:,.0f}", rollout,

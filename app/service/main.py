@@ -28,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.formats.errors import validation_message
 from app.service.core.config import Settings, get_settings
 from app.service.core.logging import RequestInfo, current_request, request_id_from
 from app.service.db.engine import get_sessionmaker, safe_url
@@ -248,7 +249,8 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
     async def invalid_input(request: Request, exc: RequestValidationError) -> JSONResponse:
         # The offending input is echoed back; bytes that are not UTF-8 and NaN/Infinity (which Python's JSON
         # parser accepts) must not turn the 422 into a 500 while it is encoded.
-        detail = jsonable_encoder(exc.errors(), custom_encoder={
+        errors = [{**e, "msg": validation_message(e)} for e in exc.errors()]  # NaN: "a finite number"
+        detail = jsonable_encoder(errors, custom_encoder={
             bytes: lambda b: b.decode("utf-8", "replace"), float: lambda f: f if math.isfinite(f) else str(f)})
         return JSONResponse(status_code=422, content={"detail": detail})
 

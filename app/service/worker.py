@@ -314,7 +314,13 @@ class Worker:
                 req = self._request(job)
                 log.info("job %s: running %s (%s trials, claim %d)", job_id, job.search["engine"], progress["total"],
                          job.attempts)
-                result = run_search(req, progress=on_progress, check=check)
+
+                def on_engine(engine: str, size: int) -> None:
+                    progress["total"] = size if engine == "exhaustive" else req.n_trials
+                    self._record_engine(job_id, engine, size, progress["total"])
+                    check()
+
+                result = run_search(req, progress=on_progress, check=check, on_engine=on_engine)
         except Cancelled:
             self._drop_lease(job_id)
             log.info("job %s: no longer ours (cancelled, deleted or finished by another worker); stopped after "
@@ -338,13 +344,31 @@ class Worker:
             if lost.is_set():  # deleted under the search (its study too): nothing to record
                 log.info("job %s: cancelled or deleted while running (%s)", job_id, type(exc).__name__)
                 return "cancelled"
-            log.exception("job %s failed", job_id)
+            from search import SpaceError
+
+            if isinstance(exc, SpaceError):  # the inputs leave nothing to search: the job's answer, not a crash
+                log.info("job %s: %s", job_id, user_error(exc))
+            else:
+                log.exception("job %s failed", job_id)
             return self._fail(job_id, user_error(exc))
         finally:
             beat_stop.set()
             beat.join(timeout=5)
             self.current = None
         return self._finish(job_id, result)
+
+    def _record_engine(self, job_id: str, engine: str, size: int, total: int) -> None:
+        """What the job learns once its space is built (the request did not wait for it): the engine ``auto``
+        chose, the space size and the progress total. Other workers may then join a sampler job."""
+        with self._sessions() as db:
+            search = db.scalar(select(Job.search).where(Job.id == job_id))
+            if search is None or (search.get("engine") == engine and search.get("space_size") == size):
+                return
+            search = {**search, "engine": engine, "space_size": int(size),
+                      **({"parallel_workers": 1} if engine == "exhaustive" else {})}
+            db.execute(_job_update(Job.id == job_id, Job.status == "running").values(
+                search=search, trials_total=total, updated_at=utcnow()))
+            db.commit()
 
     def _request(self, job: Job):
         """The job's search request; sampler jobs run on the job's study in the service database."""
@@ -353,7 +377,7 @@ class Worker:
 
         s = job.search
         storage, name, seed = None, None, s["seed"]
-        if s["engine"] in SAMPLERS:
+        if s["engine"] in SAMPLERS or s["engine"] == "auto":  # auto: a sampler unless the space is small
             name = study_name(job.id)
             storage = optuna_storage(self.url, self.settings.trial_heartbeat_s, self.settings.trial_grace_s)
             seed = claim_seed(seed, job.attempts)

@@ -95,6 +95,10 @@ def export(result_file, fmt, rank, mode, server, job_id, api_key) -> None:
             _die("job", "--server needs --job ID")
         _export_job(server, job_id, api_key, fmt, rank, mode)
     else:
+        from ..common import unused_option
+
+        if (exc := unused_option(("job_id", "api_key"), "with RESULT.json (they fetch a job from --server)")) is not None:
+            _die(exc.field, exc.reason)
         _export_result(_read(result_file), fmt, rank, mode)
 
 

@@ -22,8 +22,9 @@ from search.margin import DEFAULT_MEMORY_MARGIN_GIB, margin_problem
 
 from app.formats.bounds import flag_problems
 from app.formats.inputs import InputError, load_cluster, load_model
-from app.formats.plan import parse_tokens, plan_result
+from app.formats.plan import parse_tokens, plan_result, tokens_text
 
+from ..common import parse_fix
 from ..console import stdout_console
 from ..resilience_flags import resilience_flags, resilience_from_flags
 
@@ -48,7 +49,7 @@ def _money(x) -> str:
 def plan_table(plan: dict) -> Table:
     """One row per device count; a count where nothing fits says why in the layout column."""
     deadline = plan["inputs"].get("deadline_days")
-    t = Table(title=f"capacity plan: {plan['inputs']['tokens']:.3g} tokens on {plan['inputs']['cluster']}",
+    t = Table(title=f"capacity plan: {tokens_text(plan['inputs']['tokens'])} tokens on {plan['inputs']['cluster']}",
               title_justify="left")
     for col in ("devices", "tp/pp/vpp/cp/ep/dp/mbs", "tokens/s", "MFU", "days", "eff. days", "device-hours",
                 "eff. device-hours", "goodput", "interrupt.", "ckpt every", "eff. cost", "pareto", "deadline"):
@@ -108,8 +109,6 @@ def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadlin
          global_batch_tokens, precision, moe_load_imbalance, seq_length, memory_margin_gib, framework, fix,
          as_json, **resilience) -> None:
     """Plan capacity: the best config per device count, days, device-hours, cost and the Pareto front."""
-    from app.cli.main import _parse_fix
-
     try:
         for name, problem in flag_problems(devices=devices_min, seq_length=seq_length,
                                            moe_load_imbalance=moe_load_imbalance):
@@ -126,7 +125,7 @@ def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadlin
                           devices_step=devices_step, deadline_days=deadline_days,
                           price_per_device_hour=price_per_device_hour, global_batch_tokens=batch, precision=precision,
                           moe_load_imbalance=moe_load_imbalance, memory_margin_gib=memory_margin_gib,
-                          framework=framework or default_framework(profile.name), fixed=_parse_fix(fix),
+                          framework=framework or default_framework(profile.name), fixed=parse_fix(fix),
                           resilience=resilience_from_flags(resilience))
         req.resolved()  # every input checked before the first search
         result = _run(req)

@@ -75,6 +75,10 @@ def report(result_file, server, job_id, api_key, output) -> None:
             _fail("server", "--job needs --server URL")
         page = _from_server(server, job_id, api_key)
     else:
+        from ..common import unused_option
+
+        if (exc := unused_option(("server", "api_key"), "with RESULT.json (they fetch a job's report)")) is not None:
+            _fail(exc.field, exc.reason)
         from app.formats.report import ReportError
 
         try:

@@ -11,10 +11,12 @@ from search import SpaceError, validate_fixed
 from search.rl import RLRequest
 
 from app.formats.bounds import flag_problems
+from app.formats.describe import count_text
 from app.formats.inputs import InputError, check_devices, load_cluster, load_model
 from app.formats.rl import DEFAULTS, rl_result, workload
 
-EXIT_NO_FIT = 3
+from ..common import EXIT_NO_FIT, err, fail, out, parse_fix, print_json
+
 
 
 @click.command()
@@ -42,8 +44,6 @@ EXIT_NO_FIT = 3
 def rl(model, cluster, devices, algorithm, prompts_per_step, responses_per_prompt, prompt_length, response_length,
        max_response_length, reference, critic, stale_sync, fix, seed, as_json) -> None:
     """Plan RL post-training: rollout + training, co-located (RL Fusion) or on two pools."""
-    from app.cli.main import _fail, _parse_fix, _print_json, err, out
-
     try:
         for name, problem in flag_problems(devices=devices):
             raise InputError(name, problem)
@@ -52,21 +52,35 @@ def rl(model, cluster, devices, algorithm, prompts_per_step, responses_per_promp
                       reference, critic, stale_sync, max_response_length)
         spec = load_model(model)
         profile = load_cluster(cluster)
-        fixed = validate_fixed(_parse_fix(fix), wl.samples)
+        fixed = validate_fixed(parse_fix(fix), wl.samples)
     except InputError as exc:
-        _fail(exc)
+        fail(exc)
     except SpaceError as exc:
-        _fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
-    result = rl_result(RLRequest(spec=spec, profile=profile, devices=devices, workload=wl, fixed=fixed, seed=seed),
-                       model)
+        fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
+    result = _run(RLRequest(spec=spec, profile=profile, devices=devices, workload=wl, fixed=fixed, seed=seed), model)
     if as_json:
-        _print_json(result)
+        print_json(result)
     else:
         for mode in ("colocated", "disaggregated"):
             _plan_table(out, mode, result[mode])
     if result["best"] is None:
         err.print("[red]no RL plan fits[/red]", highlight=False)
         sys.exit(EXIT_NO_FIT)
+
+
+def _run(req: RLRequest, model: str) -> dict:
+    """The plan, with a progress bar of the training searches on stderr when it is a terminal, else a line
+    saying what runs (a large model takes minutes, and a log should not look stalled)."""
+    if not err.is_terminal:
+        err.print(f"planning RL post-training of {model} on {req.devices:,} devices: the co-located plan and each "
+                  "split of the devices into rollout and training pools (one training search each)", highlight=False)
+        return rl_result(req, model)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("training searches"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task("rl", total=None)
+        return rl_result(req, model, progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
 def _plan_table(out, mode: str, plan: dict | None) -> None:
@@ -77,7 +91,7 @@ def _plan_table(out, mode: str, plan: dict | None) -> None:
     out.print(f"[b]{mode}[/b]: step {plan['step_time_s']:.1f} s · {plan['samples_per_s']:.2f} samples/s · "
               f"{plan['generated_tokens_per_s']:,.0f} generated tokens/s · {plan['trained_tokens_per_s']:,.0f} "
               f"trained tokens/s · rollout {plan['rollout_devices']} devices (tp {r['tp']} ep {r['ep']} dp {r['dp']}, "
-              f"batch {r['batch']} of {r['max_batch']}, {r['waves']} waves) · training {plan['train_devices']} devices "
+              f"batch {r['batch']} of {r['max_batch']}, {count_text(r['waves'], 'wave')}) · training {plan['train_devices']} devices "
               f"(tp {c['tp']} pp {c['pp']} cp {c['cp']} ep {c['ep']})", highlight=False)
     t = Table(title=f"{mode}: exposed time per step (adds up to the step)", title_justify="left")
     t.add_column("phase")

@@ -77,14 +77,10 @@ def _check(resp):
 
 
 def _brief(cfg: dict) -> str:
-    keys = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "micro_batch_size", "recompute")
-    text = " ".join(f"{k.replace('micro_batch_size', 'mbs')}={cfg[k]}" for k in keys if k in cfg)
-    if cfg.get("recompute") == "selective":
-        text += f"({'+'.join(cfg.get('recompute_modules') or ['core_attn'])})"
-    flags = [f for f in ("tp_comm_overlap", "moe_a2a_overlap") if cfg.get(f)]
-    if not cfg.get("distributed_optimizer", True):
-        flags.append("no-distopt")
-    return text + (" " + " ".join(flags) if flags else "")
+    """A config in one line, as the search table and the report name it (``app/formats/describe.py``)."""
+    from app.formats.describe import config_brief
+
+    return config_brief(cfg)
 
 
 def _fmt(x, spec: str) -> str:
@@ -95,7 +91,7 @@ def _print_table(job: dict, configs: list[dict]) -> None:
     from rich.table import Table
 
     from app.cli.console import longest_word, stdout_console, wrappable
-    from app.formats.describe import margin_mark
+    from app.formats.describe import distinct_briefs, margin_mark
 
     out = stdout_console()
     s = job.get("summary") or {}
@@ -105,9 +101,9 @@ def _print_table(job: dict, configs: list[dict]) -> None:
     # On a narrow terminal (80 columns) the config column wraps between words (never inside one, app/cli/console.py);
     # the number columns keep exactly their widest cell.
     rows = []
-    for e in configs:
+    for e, brief in zip(configs, distinct_briefs([e["config"] for e in configs])):
         ev = e["evaluation"]
-        rows.append([str(e["rank"]), _brief(e["config"]), _fmt(ev["tokens_per_s_per_device"], ",.1f"),
+        rows.append([str(e["rank"]), brief, _fmt(ev["tokens_per_s_per_device"], ",.1f"),
                      _fmt(ev["mfu"], ".3f"), _fmt(ev["step_time_s"], ".2f"), _fmt(ev["memory"]["peak_gib"], ".1f"),
                      margin_mark(e)])
     def table(rows: list[list[str]]) -> Table:
@@ -148,7 +144,7 @@ def _trials_note(job: dict, trials: int | None) -> str | None:
 
     why = (f"sampler auto scores a space of at most {AUTO_EXHAUSTIVE_MAX:,} configs exhaustively"
            if search.get("sampler") == "auto" else "the exhaustive sampler scores the whole space")
-    return (f"note: --trials {trials:,} was not used: {why} ({search.get('space_size', 0):,} configs); "
+    return (f"note: --trials {trials:,} was not used: {why} ({search.get('space_size') or 0:,} configs); "
             "the counts below are configs scored, not trials (pass --sampler tpe to sample)")
 
 
@@ -225,7 +221,19 @@ def submit(server, model, cluster, devices, global_batch_size, trials, sampler, 
     """Submit a search job to a ParaPlan server (the CI client); exit 0 only for a usable plan."""
     from rich.console import Console
 
+    from ..common import unused_option
+
     err = Console(stderr=True, soft_wrap=True)
+    unused = None
+    if not wait and min_mfu is None:
+        unused = unused_option(("timeout_s", "poll_s"), "without --wait or --min-mfu (it paces or bounds following "
+                                                        "the job; the job's own limit is --search-timeout)")
+    if unused is None and sampler == "exhaustive":
+        unused = unused_option(("trials", "seed", "search_timeout"),
+                               "with --sampler exhaustive (it scores the whole space; the samplers read it)")
+    if unused is not None:
+        err.print(f"[red]error:[/red] {unused}", highlight=False)
+        sys.exit(EXIT_INPUT)
     try:
         code = _submit(err, server, model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix,
                        precision, moe_load_imbalance, seq_length, allow_cross_domain_tp, search_timeout,
@@ -281,8 +289,6 @@ def _submit(err, server, model, cluster, devices, gbs, trials, sampler, top_k, s
         headers["Authorization"] = f"Bearer {api_key}"
     with httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=30.0) as client:
         job = _post_with_retries(client, body)
-        if (note := _trials_note(job, trials)) is not None:
-            err.print(note, highlight=False)
         if not wait:
             if as_json:
                 echo(json.dumps(job, indent=2))
@@ -293,6 +299,8 @@ def _submit(err, server, model, cluster, devices, gbs, trials, sampler, top_k, s
             return EXIT_OK
         client.headers.pop("Idempotency-Key", None)
         job = _follow(client, job, timeout_s, poll_s, err)
+        if (note := _trials_note(job, trials)) is not None:  # the engine auto chose is known once the job ran
+            err.print(note, highlight=False)
         configs = []
         if job["status"] == "succeeded":
             limit = max(1, min(500, (job["inputs"]["search"] or {}).get("top_k", 10)))

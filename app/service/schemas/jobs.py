@@ -205,13 +205,17 @@ class JobCreate(BaseModel):
 class Progress(BaseModel):
     trials_done: int = Field(description="Finished trials (configs scored for `exhaustive`); "
                                          "updated at least every 2 s while running.", examples=[120])
-    trials_total: int = Field(description="Trials asked for (the space size for `exhaustive`).", examples=[200])
+    trials_total: int = Field(description="Trials asked for (the space size for `exhaustive`: 0 until a worker has "
+                                          "built the space).", examples=[200])
 
 
 class ResolvedSearch(SearchOptions):
     seed: int = Field(description="The seed used (chosen at random when the request had none).")
-    engine: str = Field(description="The engine that runs: `auto` resolved at submission.", examples=["tpe"])
-    space_size: int = Field(description="Configs in the search space.", examples=[11894960])
+    engine: str = Field(description="The engine that runs. `auto` until a worker has built the job's search space "
+                                    "(a job is accepted before its space is built), then the engine it chose.",
+                        examples=["tpe"])
+    space_size: int | None = Field(description="Configs in the search space; null until a worker has built it "
+                                               "(seconds after the job starts).", examples=[11894960])
     memory_margin_gib: float | None = Field(None, description="The memory margin the job ranks with (GiB); null "
                                                               "for jobs submitted before margins existed.")
     framework: Literal["megatron", "mindspeed"] | None = Field(

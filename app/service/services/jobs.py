@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import secrets
 import threading
 import time
@@ -24,7 +25,8 @@ from costmodel import ClusterProfile
 from costmodel.resilience import ResilienceOptions
 from costmodel.result import PARAPLAN_VERSION
 from search import SpaceError, build_space, validate_fixed
-from search.engine import auto_engine
+from search.space import check_pins
+from search.samplers import SAMPLERS
 from search.frameworks import default_framework
 from search.margin import margin_fields, margin_problem
 
@@ -116,23 +118,25 @@ def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None 
     if grid_estimate(spec, profile, body.devices, fixed, s.allow_cross_domain_tp) > GRID_CAP:
         raise invalid(["body", "devices"], "the search space of this model on this many devices is too large for "
                                            "the service; pin some dimensions with search.fixed")
+    _check_pinned_sizes(fixed, body.devices)
     framework = s.framework or default_framework(profile.name)
-    try:
-        space = build_space(spec, profile, body.devices, body.global_batch_size, precision=body.precision,
-                            moe_load_imbalance=body.moe_load_imbalance, fixed=fixed,
-                            allow_cross_domain_tp=s.allow_cross_domain_tp, framework=framework)
+    try:  # what needs no enumeration of the space
+        check_pins(spec, profile, body.devices, body.global_batch_size, precision=body.precision,
+                   moe_load_imbalance=body.moe_load_imbalance, fixed=fixed, allow_cross_domain_tp=s.allow_cross_domain_tp,
+                   framework=framework)
     except SpaceError as exc:
         raise _space_error(exc) from None
+    # The search space is built by the worker that runs the job (seconds for a large MoE model: the request
+    # must not wait for it); until then `auto` stays unresolved and the space size unknown, and a space
+    # that turns out empty fails the job with its reason (app/service/worker.py).
     engine = s.sampler
-    if engine == "auto":
-        engine = auto_engine(space)
-    if engine == "exhaustive" and s.parallel_workers > 1 and s.sampler == "exhaustive":
+    if engine == "exhaustive" and s.parallel_workers > 1:
         raise invalid(["body", "search", "parallel_workers"], "an exhaustive search runs on one worker (it scores "
                                                              "every config in seconds); parallel_workers is for the "
                                                              "samplers tpe, nsga2 and random")
     seed = s.seed if s.seed is not None else secrets.randbelow(2**31)
     search = {**s.model_dump(mode="json"), "fixed": json.loads(json.dumps(fixed, default=str)), "seed": seed,
-              "engine": engine, "space_size": int(space.size), "framework": framework,
+              "engine": engine, "space_size": None, "framework": framework,
               "parallel_workers": s.parallel_workers if engine != "exhaustive" else 1}
     return {
         "model_spec": spec.model_dump(mode="json"),
@@ -145,8 +149,19 @@ def prepare(body: JobCreate, settings: Settings, profile: ClusterProfile | None 
         "moe_load_imbalance": body.moe_load_imbalance,
         "search": search,
         "paraplan_version": PARAPLAN_VERSION,
-        "trials_total": int(space.size) if engine == "exhaustive" else s.n_trials,
+        "trials_total": s.n_trials if engine in SAMPLERS else 0,  # an exhaustive count is known once built
     }
+
+
+def _check_pinned_sizes(fixed: dict, devices: int) -> None:
+    """422 for pinned tp, pp and cp whose product does not divide the device count (no data-parallel size
+    is left): the one empty space found without building it; any other turns up in the worker."""
+    sizes = {k: fixed[k] for k in ("tp", "pp", "cp") if isinstance(fixed.get(k), int)}
+    product = math.prod(sizes.values())
+    if sizes and devices % product:
+        pins = " × ".join(f"{k} {v}" for k, v in sizes.items())
+        raise invalid(["body", "search", "fixed"], f"the pinned {pins} = {product} does not divide the {devices:,} "
+                                                   "devices (data parallelism needs a whole number of replicas)")
 
 
 def _check_device_cap(name: str, devices: int, settings: Settings) -> None:

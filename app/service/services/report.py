@@ -3,7 +3,8 @@
 The service stores a job's inputs, its summary (engine, space size, trial counts, search time, NSGA-II's
 ``pareto``) and its ranked configs with their full evaluations, but not the per-trial history. For a
 sampler job the history is read back from the job's Optuna study (``paraplan-job-<id>``, in the same
-database): one point per completed trial, its tokens/s (0 means no config of the trial fit). When the
+database): one point per completed trial, its tokens/s (0 means no config of the trial fit) and whether
+that config keeps the memory margin (the trial's ``keeps_margin`` attribute). When the
 study is gone, the report says so in the history plot.
 """
 
@@ -38,6 +39,8 @@ def study_history(storage_url: str, job_id: str) -> list[dict] | None:
         return None
     import optuna
 
+    from search.samplers import KEEPS_MARGIN
+
     try:
         study = optuna.load_study(study_name=study_name(job_id), storage=optuna_storage(storage_url))
     except KeyError:
@@ -45,7 +48,10 @@ def study_history(storage_url: str, job_id: str) -> list[dict] | None:
     history = []
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         tokens = float(t.values[0]) if t.values else 0.0
-        history.append({"trial": t.number, "tokens_per_s": tokens if tokens > 0 else None, "feasible": tokens > 0})
+        entry = {"trial": t.number, "tokens_per_s": tokens if tokens > 0 else None, "feasible": tokens > 0}
+        if tokens > 0 and isinstance(t.user_attrs.get(KEEPS_MARGIN), bool):  # a study from before has none
+            entry["keeps_margin"] = t.user_attrs[KEEPS_MARGIN]
+        history.append(entry)
     return history
 
 
