@@ -51,10 +51,13 @@ Sources read (file and commit):
 The package by concern: ``table`` (framework names, the algorithms and dispatchers each can launch, the
 field index, ``Refusal``), ``split`` (the pipeline split as each framework states it), ``options`` (every
 other planned choice, for both frameworks), ``megatron`` and ``mindspeed`` (the rules only one framework
-has), ``express`` (a whole config). Every public name is importable from ``search.frameworks``.
+has), ``express`` (a whole config), ``flags`` (every launch flag read back: its field, or why it is ignored
+or refused) and ``importer`` (a launch's arguments read back into a model spec and a training config, the
+inverse of ``express`` and ``app/formats/launch.py``). Every public name is importable from ``search.frameworks``.
 """
 
 from .express import Expression, express, refusals, split_refusals
+from .importer import Imported, LaunchImportError, guess_framework, read_args
 from .options import ep_leaves_domain, ulysses_degree
 from .split import Split, layout_string, pipeline_split, stage_tokens
 from .table import (ALGORITHMS, DISPATCHERS, FIELDS, FP8_CURRENT_SCALING_MODULES, FRAMEWORKS, LABELS,
@@ -63,6 +66,6 @@ from .table import (ALGORITHMS, DISPATCHERS, FIELDS, FP8_CURRENT_SCALING_MODULES
 
 __all__ = ["ALGORITHMS", "DISPATCHERS", "FIELDS", "FP8_CURRENT_SCALING_MODULES", "FRAMEWORKS", "LABELS",
            "MINDSPEED_CP_ALGO", "MINDSPEED_MEGATRON_MODULES", "MINDSPEED_MODULE_FLAGS", "MINDSPEED_SWAP_MODULES",
-           "Expression", "InexpressibleError", "Refusal", "Split", "algorithm_values", "default_framework",
-           "ep_leaves_domain", "express", "layout_string", "pipeline_split", "refusals", "split_refusals",
+           "Expression", "Imported", "InexpressibleError", "LaunchImportError", "Refusal", "Split", "algorithm_values", "default_framework",
+           "ep_leaves_domain", "express", "guess_framework", "layout_string", "pipeline_split", "read_args", "refusals", "split_refusals",
            "stage_tokens", "ulysses_degree"]
