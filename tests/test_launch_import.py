@@ -152,7 +152,7 @@ def test_pangu_script_imports_huaweis_layout_and_evaluates_as_the_example():
     assert evaluate(s, profile, imp.devices, c) == example
     # what MindSpeed-LLM itself refuses of Huawei's combination comes back as warnings, not silence
     assert any("MC2" in w for w in imp.warnings)
-    assert any("--lr ignored" in n for n in imp.notes)
+    assert any(n.startswith("ignored, training hyper-parameters") and "--lr," in n for n in imp.notes)
 
 
 def test_llama3_script_imports_the_fields_its_flags_say():
@@ -336,3 +336,70 @@ def test_api_import_and_compare(tmp_path):
     both = client.post("/v1/compare", json={"cluster": "ascend-910b", "a": {"launch": text, "config": cfg},
                                             "b": {"launch": text}})
     assert both.status_code == 422 and both.json()["detail"][0]["loc"] == ["body", "a"]
+
+
+TINY_SCRIPT = """#!/bin/bash
+GPUS_PER_NODE=8
+NNODES=1
+MODEL_ARGS=(
+    --num-layers 6 --hidden-size 256 --ffn-hidden-size 1024 --num-attention-heads 8 --seq-length 1024
+    --vocab-size 1024 --swiglu --normalization RMSNorm --position-embedding-type rope
+    --untie-embeddings-and-output-weights --disable-bias-linear
+)
+TRAIN_ARGS=(--micro-batch-size 1 --global-batch-size 64 --bf16 --tensor-model-parallel-size 4 --lr 1e-4)
+torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NNODES pretrain_gpt.py ${MODEL_ARGS[@]} ${TRAIN_ARGS[@]}
+"""
+
+
+@pytest.fixture(scope="module")
+def from_launch(tmp_path_factory):
+    """``search --from-launch`` of a small dense script (tp 4 on one node), as JSON and as tables."""
+    d = tmp_path_factory.mktemp("from_launch")
+    script = d / "train.sh"
+    script.write_text(TINY_SCRIPT)
+    args = ["search", "--from-launch", str(script), "--cluster", "nvidia-h100-80gb", "--sampler", "exhaustive"]
+    as_json, tables = paraplan(*args, "--json"), paraplan(*args)
+    assert as_json.returncode == 0 and tables.returncode == 0, as_json.stderr + tables.stderr
+    return d, json.loads(as_json.stdout), tables.stdout
+
+
+def test_search_from_launch_reports_the_teams_config_and_the_gain(from_launch):
+    _, result, tables = from_launch
+    team = read_launch(TINY_SCRIPT)
+    assert result["inputs"]["devices"] == 8 and result["inputs"]["global_batch_size"] == 64
+    fl = result["from_launch"]
+    assert fl["import"]["config"]["tp"] == 4
+    expected = evaluate(team.spec, load_cluster("nvidia-h100-80gb"), 8, team.config)
+    assert fl["evaluation"]["tokens_per_s_per_device"] == expected["tokens_per_s_per_device"]
+    best = result["best"]["evaluation"]["tokens_per_s_per_device"]
+    assert fl["gain"] == pytest.approx(best / expected["tokens_per_s_per_device"] - 1.0)
+    assert fl["gain"] >= 0  # the team's config is in the space, so the best is at least as fast
+    assert fl["comparison"]["a"]["label"] == "your launch"
+    assert "your launch" in tables and "over your launch" in tables and "why they differ" in tables
+
+
+def test_report_shows_the_comparison_in_chromium(from_launch):
+    from service_util import require_chromium
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import report_screenshot as shot
+
+    sys.path.pop(0)
+    d, result, _ = from_launch
+    (d / "result.json").write_text(json.dumps(result))
+    out = d / "report.html"
+    run = paraplan("report", str(d / "result.json"), "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    page = out.read_text()
+    assert "Your launch and the search" in page
+    for diff in result["from_launch"]["comparison"]["differences"]:
+        assert html_text(diff["text"]) in page
+    require_chromium(shot.chromium)  # what a person sees: the section drawn by a real browser
+    dom = shot.rendered_dom(out)
+    assert 'id="comparison"' in dom and "B over A" in dom
+
+
+def html_text(text: str) -> str:
+    import html
+
+    return html.escape(text)

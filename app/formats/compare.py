@@ -232,10 +232,6 @@ def _parts(ev: dict) -> dict[str, float | None]:
     return {**{p: time.get(p) for p in TIME_PARTS}, **{p: mem.get(p) for p in MEMORY_PARTS}}
 
 
-def _profile_of(s: Side):
-    return s.profile
-
-
 def _steps_words(a: Side, b: Side, groups: tuple[str, ...]) -> str:
     return "; ".join(_group_words(a, b, g) for g in groups)
 

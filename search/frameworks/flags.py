@@ -125,7 +125,7 @@ _IGNORED_GROUPS = {
         "--no-mmap-bin-files", "--reset-position-ids", "--reset-attention-mask", "--eod-mask-loss",
         "--max-position-embeddings", "--prompt-type", "--is-instruction-dataset", "--variable-seq-lengths",
         "--padded-samples", "--no-pad-to-seq-lengths", "--append-eod"),
-    "optimizer hyper-parameters and schedule (not the step time)": (
+    "training hyper-parameters, losses and numerics (not the step time)": (
         "--lr", "--min-lr", "--lr-decay-style", "--lr-decay-iters", "--lr-decay-samples", "--lr-warmup-iters",
         "--lr-warmup-samples", "--lr-warmup-fraction", "--lr-warmup-init", "--decoupled-lr", "--decoupled-min-lr",
         "--train-iters", "--train-samples", "--weight-decay", "--clip-grad", "--adam-beta1", "--adam-beta2",

@@ -70,6 +70,7 @@ def parse_flags(tokens: list[str]) -> tuple[dict[str, list[str]], list[str]]:
     out: dict[str, list[str]] = {}
     notes: list[str] = []
     order: list[tuple[str, list[str]]] = []
+    ignored: dict[str, list[str]] = {}
     for tok in tokens:
         if tok.startswith("--") and len(tok) > 2:
             name, eq, val = tok.partition("=")
@@ -85,7 +86,7 @@ def parse_flags(tokens: list[str]) -> tuple[dict[str, list[str]], list[str]]:
         if name in T.REFUSED:
             raise LaunchImportError(name, T.REFUSED[name])
         if name in T.IGNORED:
-            notes.append(f"{name} ignored: {T.IGNORED[name]}")
+            ignored.setdefault(T.IGNORED[name], []).append(name)
             continue
         n = T.arity(name)
         if n == 0 and values:
@@ -99,7 +100,8 @@ def parse_flags(tokens: list[str]) -> tuple[dict[str, list[str]], list[str]]:
             raise LaunchImportError(name, f"given twice with different values ({' '.join(out[name]) or 'on'} and "
                                           f"{' '.join(values) or 'on'})")
         out[name] = values
-    return out, sorted(set(notes))
+    notes = [f"ignored, {why}: {', '.join(sorted(set(names)))}" for why, names in ignored.items()]
+    return out, notes
 
 
 def read_args(tokens: list[str], framework: str | None = None, devices: int | None = None,
@@ -120,19 +122,14 @@ def read_args(tokens: list[str], framework: str | None = None, devices: int | No
         raise LaunchImportError(_flag_of(exc, "config"), _message(exc)) from None
     r.check_split(config, spec)
     e = express(config, spec, framework)
-    warnings = [f"{LABELS[framework]} (as ParaPlan reads it) refuses {x}; imported as written"
-                for x in e.refusals if x.field not in _DOMAIN_FIELDS]
+    warnings = [f"{LABELS[framework]} (as ParaPlan reads it) refuses {x}; imported as written" for x in e.refusals]
     return Imported(framework, spec, config, devices, r.notes, warnings)
-
-
-# Refusals that only say the scale-up domain is unknown here (the script does not name its cluster)
-_DOMAIN_FIELDS = ()
 
 
 def _flag_of(exc: ValidationError, kind: str) -> str:
     loc = exc.errors()[0].get("loc") or ()
     name = str(loc[0]) if loc else kind
-    for table in ((T.SPEC_INT, T.SPEC_FLOAT, T.CONFIG_INT) if kind else ()):
+    for table in (T.SPEC_INT, T.SPEC_FLOAT, T.CONFIG_INT):
         for flag, f in table.items():
             if f == name:
                 return flag

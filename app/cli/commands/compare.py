@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from app.formats.compare import MEMORY_PARTS, TIME_PARTS, compare, load_side, side
+from app.formats.compare import compare, load_side, side
 from app.formats.inputs import InputError, check_devices, load_cluster
 from search.frameworks import FRAMEWORKS
 

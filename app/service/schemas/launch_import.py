@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .jobs import CLUSTER_FIELD, MAX_DEVICES, MODEL_FIELD
+from .jobs import CLUSTER_FIELD, MAX_DEVICES
 
 MAX_LAUNCH_CHARS = 200_000  # a launch script of a few hundred lines is ~10 kB; the bound keeps the reader's cost small
 
