@@ -257,6 +257,8 @@ BASE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
      "--num-virtual-stages-per-pipeline-rank", "contradicts"),
     (["--tensor-model-parallel-size", "x"], "--tensor-model-parallel-size", "not an integer"),
     (["--recompute-method", "block"], "--recompute-method", "only with --recompute-granularity full"),
+    (["--pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "3"],
+     "--num-virtual-stages-per-pipeline-rank", "but the model has only 4 layer slots"),
 ])
 def test_bad_flags_name_the_flag(extra, flag, reason):
     with pytest.raises(LaunchImportError) as exc:
@@ -274,6 +276,8 @@ def test_cli_import_json_and_errors():
     piped = paraplan("import", "-", "--json", stdin=" ".join(BASE + ["--tensor-model-parallel-size", "2"]))
     assert piped.returncode == 0 and json.loads(piped.stdout)["config"]["tp"] == 2
     for stdin, named in ((" ".join(BASE + ["--frobnicate", "1"]), "launch.--frobnicate"),
+                         (" ".join(BASE + ["--pipeline-model-parallel-size", "99999999999"]),
+                          "launch.--pipeline-model-parallel-size: at most 1,000,000"),
                          ('--num-layers "2', "unbalanced double quote"),
                          (" ".join(BASE + ["--seq-length"]), "launch.--seq-length")):
         bad = paraplan("import", "-", stdin=stdin)
@@ -373,7 +377,6 @@ def test_search_from_launch_reports_the_teams_config_and_the_gain(from_launch):
     assert fl["evaluation"]["tokens_per_s_per_device"] == expected["tokens_per_s_per_device"]
     best = result["best"]["evaluation"]["tokens_per_s_per_device"]
     assert fl["gain"] == pytest.approx(best / expected["tokens_per_s_per_device"] - 1.0)
-    assert fl["gain"] >= 0  # the team's config is in the space, so the best is at least as fast
     assert fl["comparison"]["a"]["label"] == "your launch"
     assert "your launch" in tables and "over your launch" in tables and "why they differ" in tables
 

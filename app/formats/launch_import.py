@@ -22,10 +22,13 @@ def read_launch(text: str, framework: str | None = None, devices: int | None = N
         launch = read_script(text)
     except ScriptError as exc:
         raise InputError(field, str(exc)) from None
+    _check_bounds(launch.args, field)
     try:
         imported = read_args(launch.args, framework, launcher=launch.launcher, entry=launch.entry)
     except LaunchImportError as exc:
         raise InputError(f"{field}.{exc.flag}" if field else exc.flag, exc.reason) from None
+    except (ValueError, ArithmeticError, RecursionError) as exc:  # a combination the model cannot build
+        raise InputError(field, f"the arguments do not build a config the cost model can read ({exc})") from None
     from .inputs import load_config, load_model
 
     # the same bounds as a spec or config given as a file (app/formats/bounds.py)
@@ -34,6 +37,26 @@ def read_launch(text: str, framework: str | None = None, devices: int | None = N
     imported.notes = launch.notes + imported.notes
     imported.devices = devices or launch.devices
     return imported
+
+
+def _check_bounds(tokens: list[str], field: str) -> None:
+    """The same bounds as a spec or config given as a file (app/formats/bounds.py), checked on the flags
+    before anything is built from them (a pp of 10^11 would allocate its stages first)."""
+    from search.frameworks import flags as table
+
+    from .bounds import CONFIG_CAPS, MAX_LAYERS, SPEC_CAPS
+
+    caps = {**{f: SPEC_CAPS[n] for f, n in table.SPEC_INT.items() if n in SPEC_CAPS},
+            **{f: CONFIG_CAPS[n] for f, n in table.CONFIG_INT.items() if n in CONFIG_CAPS},
+            "--num-layers-per-virtual-pipeline-stage": MAX_LAYERS, "--num-virtual-stages-per-pipeline-rank": MAX_LAYERS,
+            "--padded-vocab-size": SPEC_CAPS.get("vocab_size", MAX_LAYERS), "--vocab-size": SPEC_CAPS.get("vocab_size", MAX_LAYERS)}
+    for i, tok in enumerate(tokens):
+        name, eq, val = tok.partition("=")
+        if name not in caps:
+            continue
+        val = val if eq else (tokens[i + 1] if i + 1 < len(tokens) else "")
+        if val.isdigit() and int(val) > caps[name]:
+            raise InputError(f"{field}.{name}", f"at most {caps[name]:,} (got {int(val):,})")
 
 
 def read_launch_file(path: str, framework: str | None = None, devices: int | None = None) -> Imported:

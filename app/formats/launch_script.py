@@ -266,11 +266,12 @@ class _Env:
         expr = re.sub(r"\b[A-Za-z_][A-Za-z0-9_]*\b", lambda m: self.scalars.get(m.group(0), "0") or "0", expr)
         if UNKNOWN in expr:
             return UNKNOWN + "$((" + expr + "))"
-        if not re.fullmatch(r"[\d\s+\-*/%()]*", expr):
+        if not re.fullmatch(r"[\d\s+\-*/%()]*", expr) or "**" in expr or len(expr) > 200:
+            # integer arithmetic of a few terms, as launch scripts compute WORLD_SIZE (no powers: unbounded)
             raise ScriptError(line, f"cannot evaluate $(({expr}))")
         try:
             return str(int(eval(expr.replace("/", "//"), {"__builtins__": {}})))  # noqa: S307 - digits and operators only
-        except (SyntaxError, ZeroDivisionError) as exc:
+        except (SyntaxError, ZeroDivisionError, ValueError, MemoryError, RecursionError) as exc:
             raise ScriptError(line, f"cannot evaluate $(({expr})): {exc}") from None
 
     def words(self, word: _Word) -> list[str]:

@@ -410,6 +410,12 @@ class _Reader:
             c["vpp"] = self.int("--num-virtual-stages-per-pipeline-rank", 1)
         if dualpipev:
             c["vpp"] = 1
+        layer_slots = spec.num_layers + spec.mtp_num_layers + 2  # layers, MTP layers, embedding, loss
+        if pp * c["vpp"] * (2 if dualpipev else 1) > layer_slots:
+            flag = next((f for f in ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank")
+                         if self.has(f) and pp <= layer_slots), "--pipeline-model-parallel-size")
+            raise LaunchImportError(flag, f"pp·vpp = {pp * c['vpp']:,} virtual stages, but the model has only "
+                                          f"{layer_slots} layer slots (every stage holds at least one)")
         for flag, f in (("--decoder-first-pipeline-num-layers", "first_stage_layers"),
                         ("--decoder-last-pipeline-num-layers", "last_stage_layers")):
             if self.has(flag):

@@ -12,7 +12,8 @@ from app.service.api.deps import api_scope
 from app.service.schemas.common import AUTH_ERRORS, BODY_ERRORS
 from app.service.schemas.launch_import import CompareRequest, CompareSide, Imported, ImportRequest
 from app.service.services.errors import field_loc, invalid
-from app.service.services.inputs import check_config_for, resolve_cluster, resolve_config, resolve_model
+from app.service.services.inputs import (check_config_for, check_stages, resolve_cluster, resolve_config,
+                                         resolve_model)
 
 router = APIRouter(prefix="/v1", tags=["launch"], dependencies=[Depends(api_scope)], responses=AUTH_ERRORS)
 
@@ -46,10 +47,14 @@ def _side(s: CompareSide, name: str, profile):
         if s.model is None or s.config is None or s.devices is None:
             raise invalid(["body", name], "give launch, or model, config and devices")
         spec = resolve_model(s.model, None)
+        check_stages(spec, s.config.get("pp"), s.config.get("vpp"), ["body", name, "config"])
         cfg = resolve_config(s.config)
         check_config_for(spec, cfg)
         devices = s.devices
-    return side(s.label or name.upper(), spec, cfg, devices, profile)
+    try:
+        return side(s.label or name.upper(), spec, cfg, devices, profile)
+    except Exception as exc:  # noqa: BLE001 - input the cost model cannot score is still the caller's input
+        raise invalid(["body", name], f"cannot be evaluated ({type(exc).__name__}: {exc})") from None
 
 
 @router.post("/compare", summary="Compare two configs part by part, with the causes",
@@ -59,4 +64,8 @@ def _side(s: CompareSide, name: str, profile):
              responses=BODY_ERRORS)
 def compare_route(body: CompareRequest) -> dict:
     profile = resolve_cluster(body.cluster)
-    return compare(_side(body.a, "a", profile), _side(body.b, "b", profile))
+    a, b = _side(body.a, "a", profile), _side(body.b, "b", profile)
+    try:
+        return compare(a, b)
+    except Exception as exc:  # noqa: BLE001 - a mixed config on the way from A to B the model cannot score
+        raise invalid(["body"], f"cannot be compared ({type(exc).__name__}: {exc})") from None
