@@ -56,6 +56,8 @@ def add_from_launch(command: click.Command, kind: str) -> click.Command:
             return original(**kw)
         kw["global_batch_size"] = kw["global_batch_size"] or imp.config.global_batch_size
         kw["framework"] = kw.get("framework") or imp.framework
+        if imp.config.precision == "fp8" and kw.get("precision") == "bf16":
+            kw["precision"] = "fp8"  # the script's precision, as its model and batch (bf16 is the option's default)
         print_notes(imp)
         return _search_beside(original, kw, imp)
 

@@ -8,7 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .jobs import CLUSTER_FIELD, MAX_DEVICES
 
-MAX_LAUNCH_CHARS = 200_000  # a launch script of a few hundred lines is ~10 kB; the bound keeps the reader's cost small
+MAX_LAUNCH_CHARS = 60_000  # a launch script of a few hundred lines is ~10 kB; two of them, JSON-escaped at up
+# to 6 bytes a character, stay under the 1 MiB request body limit (a 413 otherwise)
 
 LAUNCH_FIELD = Field(max_length=MAX_LAUNCH_CHARS, description=(
     "A Megatron-LM or MindSpeed-LLM launch script (bash: variables, argument blocks and arrays, line "
@@ -16,8 +17,18 @@ LAUNCH_FIELD = Field(max_length=MAX_LAUNCH_CHARS, description=(
     examples=["torchrun --nnodes 2 --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 8 ..."])
 
 
+EXAMPLE_SCRIPT = """GPUS_PER_NODE=8
+TP=4
+GPT_ARGS="--tensor-model-parallel-size $TP --sequence-parallel --micro-batch-size 1 --global-batch-size 64 \\
+    --num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 4096 --vocab-size 50304 \\
+    --swiglu --normalization RMSNorm --position-embedding-type rope --disable-bias-linear --bf16 --lr 3e-4"
+torchrun --nnodes 2 --nproc_per_node $GPUS_PER_NODE pretrain_gpt.py $GPT_ARGS --save /ckpt
+"""
+
+
 class ImportRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True,
+                              json_schema_extra={"examples": [{"text": EXAMPLE_SCRIPT, "framework": None}]})
 
     text: str = LAUNCH_FIELD
     framework: Literal["megatron", "mindspeed"] | None = Field(
