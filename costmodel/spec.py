@@ -193,7 +193,7 @@ class TrainingConfig(BaseModel):
     recompute_num_layers: PositiveInt | None = None
     # Activation offload (swap) to host memory, per layer: Megatron-Core's --offload-modules (with
     # --fine-grained-activation-offloading); MindSpeed's --swap-attention --swap-modules covers the
-    # attention-side ones (see search/frameworks.py). None or []: nothing is offloaded.
+    # attention-side ones (see search/frameworks/options.py). None or []: nothing is offloaded.
     offload_modules: list[str] | None = None
     distributed_optimizer: bool = True
     overlap_grad_reduce: bool = True
@@ -213,7 +213,7 @@ class TrainingConfig(BaseModel):
     # by an amax history (the cast kernel records the amax in the same pass), "tensorwise" is per-tensor
     # current scaling (an amax pass over each tensor before its cast), "blockwise" / "mxfp8" scale per
     # block inside the cast. None: what the export states (delayed, tensorwise where a recomputed
-    # layernorm / moe_act needs it: search/frameworks.py _fp8). Priced per GEMM operand (compute.fp8_quantise_s).
+    # layernorm / moe_act needs it: search/frameworks/options.py _fp8). Priced per GEMM operand (compute.fp8_quantise_s).
     fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] | None = None
     moe_a2a_overlap: bool = False
     # Megatron-Core --delay-wgrad-compute: the combined 1F1B runs the attention block's weight-gradient
@@ -383,7 +383,7 @@ class TrainingConfig(BaseModel):
 
     @property
     def fp8_recipe_in_force(self) -> str:
-        """The FP8 recipe a launch uses: the field, else the export's rule (search/frameworks.py ``_fp8``):
+        """The FP8 recipe a launch uses: the field, else the export's rule (search/frameworks/options.py ``_fp8``):
         tensorwise where a recomputed layernorm or moe_act needs it, else Megatron's default delayed."""
         if self.fp8_recipe is not None:
             return self.fp8_recipe

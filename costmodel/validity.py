@@ -103,7 +103,7 @@ def _schedule_rules(spec: ModelSpec, b: ConfigBatch, dp: np.ndarray) -> list[Rul
     num_chunks >= num_ranks * 2``); DualPipeV as MindSpeed validates it (features_manager/pipeline_parallel/
     dualpipev_feature.py at 028de58c: pp > 1, num_layers ≥ 2·pp, micro-batches ≥ 2·pp − 1). Megatron-LM's
     all-to-all overlap with pp > 1 and vpp 1 is an export refusal, not a rule here: MindSpeed's
-    --moe-alltoall-overlap-comm runs that layout (search/frameworks.py ``_a2a_overlap_pipeline``)."""
+    --moe-alltoall-overlap-comm runs that layout (search/frameworks/megatron.py ``_a2a_overlap_pipeline``)."""
     name = lambda i: _SCHEDULE_NAMES[int(b.schedule[i])]  # noqa: E731
     m = np.where(dp > 0, b.global_batch_size // np.maximum(b.micro_batch_size * dp, 1), 0)
     dual, v = b.schedule > 0, b.schedule == DUALPIPEV

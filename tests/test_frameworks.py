@@ -1,4 +1,4 @@
-"""The framework table (search/frameworks.py): what Megatron-LM and MindSpeed-LLM can express, that a
+"""The framework table (search/frameworks/): what Megatron-LM and MindSpeed-LLM can express, that a
 search planned for one offers nothing else, and that the default follows the profile's vendor."""
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ MINDSPEED_OWN_ARGS = [
     "--rope-scaling-original-max-position-embeddings",
     "--quant-states",                      # features_manager/low_precision/low_precision_optimizer_feature.py
 ]
-# How MindSpeed-LLM recomputes each selective module (search/frameworks.py says why): through Megatron's
+# How MindSpeed-LLM recomputes each selective module (search/frameworks/ says why): through Megatron's
 # --recompute-modules, or a flag of its own.
 MINDSPEED_MODULE_FLAG = {"moe_act": "--recompute-activation-function", "mla_up_proj": "--recompute-mla-up-proj"}
 MINDSPEED_ARGS = MINDSPEED_MEGATRON_ARGS + MINDSPEED_OWN_ARGS
@@ -533,7 +533,7 @@ def _exported_flags(res) -> dict[str, list[str]]:
     return flags([t.strip('"') for line in res.stdout.split(" \\\n") for t in line.split()])
 
 
-# What each format states for each value: the flags of search/frameworks.py's ALGORITHMS table (None: refused)
+# What each format states for each value: the flags of search/frameworks/table.py's ALGORITHMS table (None: refused)
 DISPATCH_FLAGS = {
     ("flat", "megatron"): {"--moe-token-dispatcher-type": ["alltoall"]},
     ("hierarchical", "megatron"): {"--moe-token-dispatcher-type": ["flex"], "--moe-flex-dispatcher-backend": ["deepep"]},

@@ -425,6 +425,15 @@ from .commands.plan import plan  # noqa: E402 - capacity planning over device co
 
 main.add_command(plan)
 
+from .commands.compare import compare_cmd  # noqa: E402 - two configs part by part, with causes
+from .commands.from_launch import add_from_launch  # noqa: E402 - --from-launch on evaluate and search
+from .commands.launch_import import import_launch  # noqa: E402 - a launch script read back (the inverse of export)
+
+main.add_command(import_launch)
+main.add_command(compare_cmd)
+add_from_launch(evaluate, "evaluate")
+add_from_launch(search, "search")
+
 
 if __name__ == "__main__":
     main()

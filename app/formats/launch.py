@@ -205,10 +205,10 @@ def launch_args(config: dict | TrainingConfig, spec: ModelSpec, fmt: str = "mega
     a += g["recompute"] + g.get("offload", []) + g["sharding"] + g["optimizer"] + g["tp_overlap"] + g["context_parallel"] + g["moe"]
     a += ["--bf16", *g["precision"], *g.get("memory_savings", [])]
     if fmt == "megatron":
-        a += g["attention"]  # --attention-backend unfused where planned (search/frameworks.py _attention)
+        a += g["attention"]  # --attention-backend unfused where planned (search/frameworks/options.py _attention)
     if fmt == "mindspeed":
         # MindSpeed fused kernels, as in MindSpeed-LLM's recipes (pretrain_deepseek3_671b_4k_ptd.sh):
-        # "--use-flash-attn" unless the plan is unfused attention (search/frameworks.py _attention),
+        # "--use-flash-attn" unless the plan is unfused attention (search/frameworks/options.py _attention),
         # "--use-fused-rmsnorm" (MindSpeed mindspeed/arguments.py, features_manager/megatron_basic/megatron_basic.py)
         a += g["attention"] + (["--use-fused-rmsnorm"] if spec.normalization == "RMSNorm" else [])
     return a + _model_args(spec, fmt, e.split.num_layers, e.split.real, cfg.tp)

@@ -229,9 +229,9 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
     app.state.wake = None
     app.state.metrics = Metrics(app.state.sessions)
 
-    from app.service.api.routes import catalog, evaluate, health, jobs, launch, profiles
+    from app.service.api.routes import catalog, evaluate, health, jobs, launch, launch_import, profiles
 
-    for module in (jobs, launch, evaluate, catalog, profiles, health):
+    for module in (jobs, launch, launch_import, evaluate, catalog, profiles, health):
         app.include_router(module.router)
 
     app.mount("/static/swagger", StaticFiles(directory=str(SWAGGER_ASSETS)), name="swagger-assets")
