@@ -282,7 +282,7 @@ def test_search_ends_with_what_to_do_next_and_those_commands_work(tmp_path):
     last = proc.stdout.rstrip().splitlines()[-1]
     assert last.startswith("next: add --json > result.json"), last
     commands = re.findall(r"`(paraplan [^`]+)`", last)
-    assert [c.split()[1] for c in commands] == ["report", "export"], last
+    assert [c.split()[1] for c in commands] == ["report", "export", "compare"], last
     proc = run_cli("search", *SMALL, "--global-batch-size", "64", "--json")
     (tmp_path / "result.json").write_text(proc.stdout)
     for command in commands:  # as printed, run where result.json is

@@ -278,9 +278,10 @@ def _search_table(result: dict, margin_gib: float) -> None:
 
 def next_steps(framework: str) -> str:
     """The line under a search's tables that says what to do with the result: keep it as JSON, then the
-    report (plots) and the launch arguments of the ranked configs."""
-    return ("next: add --json > result.json to keep it, then `paraplan report result.json -o report.html` (plots) "
-            f"or `paraplan export result.json --format {framework}` (launch arguments)")
+    report (plots), the launch arguments of the ranked configs, and how two ranks differ and why."""
+    return ("next: add --json > result.json to keep it, then `paraplan report result.json -o report.html` (plots), "
+            f"`paraplan export result.json --format {framework}` (launch arguments) or "
+            "`paraplan compare result.json#1 result.json#2` (what differs and why)")
 
 
 def _best_warnings(result: dict) -> None:
@@ -364,7 +365,7 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
         print_json(full)
     elif result["top"]:
         _search_table(result, memory_margin_gib)
-        out.print(next_steps(req.framework), highlight=False, soft_wrap=False)
+        out.print(next_steps(req.framework), highlight=False, soft_wrap=True)  # one line, which a terminal wraps
     best = result["best"]
     if best is not None and best.get("keeps_margin") is False:
         err.print(f"[yellow]warning:[/yellow] no config keeps the {memory_margin_gib:g} GiB memory margin; the best "
