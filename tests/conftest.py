@@ -46,23 +46,38 @@ def _group(item) -> str:
     return SERIAL_GROUP if item.get_closest_marker("serial") else item.nodeid.split("::")[0]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def _tag(item, group: str) -> None:
+    """Puts ``item`` in xdist group ``group`` as ``--dist loadgroup`` reads it: the suffix ``@group`` on its
+    node id. pytest-xdist's own ``xdist_group`` handling sets ``item._nodeid``, which pytest >= 9.2 no longer
+    reads (the id comes from ``item._id``), so every test would be scheduled alone; this sets both."""
+    tagged = f"{str(item.nodeid).split('@')[0]}@{group}"
+    item._nodeid = tagged
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(tagged)
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, whose tag this replaces
 def pytest_collection_modifyitems(config, items):
-    """Groups every test (``_group``) for ``--dist loadgroup``: a worker takes a whole group and runs it in
-    order, so no two serial tests overlap. Groups are queued longest first: the serial group, then the
-    others by their modules' seconds in DURATIONS_FILE (scripts/test passes ``--no-loadscope-reorder`` so
-    that xdist keeps this order)."""
+    """Groups every test (``_group``) on an xdist worker run with ``--dist loadgroup``: a worker takes a
+    whole group and runs it in order, so no two serial tests overlap. Groups are queued longest first: the
+    serial group, then the others by their modules' seconds in DURATIONS_FILE (scripts/test passes
+    ``--no-loadscope-reorder`` so that xdist keeps this order)."""
     try:
         module_s = json.loads(DURATIONS_FILE.read_text())
     except (OSError, ValueError):
         module_s = {}
+    groups = [(_group(item), str(item.nodeid).split("::")[0]) for item in items]
     group_s: dict[str, float] = {}
-    for module in {item.nodeid.split("::")[0]: item for item in items}.values():
-        group_s[_group(module)] = group_s.get(_group(module), 0.0) + module_s.get(module.nodeid.split("::")[0], 0.0)
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
-    items.sort(key=lambda item: (_group(item) != SERIAL_GROUP, -group_s.get(_group(item), 0.0), _group(item)))
+    for group, module in dict.fromkeys(groups):  # each module once
+        group_s[group] = group_s.get(group, 0.0) + module_s.get(module, 0.0)
+    order = sorted(range(len(items)), key=lambda i: (groups[i][0] != SERIAL_GROUP, -group_s[groups[i][0]], groups[i][0]))
+    tag = hasattr(config, "workerinput") and config.getvalue("loadgroup")
+    if tag:
+        for i in order:
+            _tag(items[i], groups[i][0])
+    items[:] = [items[i] for i in order]
 
 
 _MODULE_S: dict[str, float] = {}  # this run's seconds per module, when PARAPLAN_STORE_DURATIONS is set
