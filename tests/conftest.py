@@ -4,12 +4,22 @@ seeded sampler of training configs (valid and invalid) for the invariant and bat
 Hand-worked tests never read efficiency factors or facts from the shipped YAML files (another
 engineer calibrates them): they build a profile with ``make_profile`` and every number they use set
 explicitly, so that the expected values can be written as arithmetic in the test.
+
+The suite runs in parallel (``scripts/test``: pytest-xdist, one worker per core), so a test must not share
+a file, a port or a database with another: write under ``tmp_path``, start servers on ``free_port()``
+(``service_util.Server`` does), and take PostgreSQL databases from ``postgres_url`` / ``database_url`` (a
+new database per test). A test that measures time or progress under load (a latency bound, a worker that
+must advance beside CPU-bound processes) is marked ``@pytest.mark.serial``: the serial tests run one after
+another on one worker. tests/README.md says more.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +27,80 @@ import pytest
 import hardware_profiles
 import model_presets
 from costmodel.spec import RECOMPUTE_MODULES, ClusterProfile, ModelSpec, TrainingConfig
+
+# ------------------------------------------------------------------------------------------------
+# running in parallel
+
+SERIAL_GROUP = "serial"
+# Seconds each module took in a whole run (PARAPLAN_STORE_DURATIONS=1 scripts/test rewrites it): only the order
+# in which the workers take modules up, longest first, so that no long module starts last and runs alone.
+DURATIONS_FILE = Path(__file__).with_name("durations.json")
+
+
+def _group(item) -> str:
+    """The xdist group of a test: its own ``xdist_group`` mark if it has one (modules that share an
+    in-process cache name one group), ``serial`` for the serial-marked, else its module, so that a module's
+    ``scope="module"`` fixtures (servers, searches) are built once, on the one worker that runs the module."""
+    if (mark := item.get_closest_marker("xdist_group")) is not None:
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    return SERIAL_GROUP if item.get_closest_marker("serial") else item.nodeid.split("::")[0]
+
+
+def _tag(item, group: str) -> None:
+    """Puts ``item`` in xdist group ``group`` as ``--dist loadgroup`` reads it: the suffix ``@group`` on its
+    node id. pytest-xdist's own ``xdist_group`` handling sets ``item._nodeid``, which pytest >= 9.2 no longer
+    reads (the id comes from ``item._id``), so every test would be scheduled alone; this sets both."""
+    tagged = f"{str(item.nodeid).split('@')[0]}@{group}"
+    item._nodeid = tagged
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(tagged)
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, whose tag this replaces
+def pytest_collection_modifyitems(config, items):
+    """Groups every test (``_group``) on an xdist worker run with ``--dist loadgroup``: a worker takes a
+    whole group and runs it in order, so no two serial tests overlap. Groups are queued longest first: the
+    serial group, then the others by their modules' seconds in DURATIONS_FILE (scripts/test passes
+    ``--no-loadscope-reorder`` so that xdist keeps this order)."""
+    try:
+        module_s = json.loads(DURATIONS_FILE.read_text())
+    except (OSError, ValueError):
+        module_s = {}
+    groups = [(_group(item), str(item.nodeid).split("::")[0]) for item in items]
+    group_s: dict[str, float] = {}
+    for group, module in dict.fromkeys(groups):  # each module once
+        group_s[group] = group_s.get(group, 0.0) + module_s.get(module, 0.0)
+    order = sorted(range(len(items)), key=lambda i: (groups[i][0] != SERIAL_GROUP, -group_s[groups[i][0]], groups[i][0]))
+    tag = hasattr(config, "workerinput") and config.getvalue("loadgroup")
+    if tag:
+        for i in order:
+            _tag(items[i], groups[i][0])
+    items[:] = [items[i] for i in order]
+
+
+_MODULE_S: dict[str, float] = {}  # this run's seconds per module, when PARAPLAN_STORE_DURATIONS is set
+
+
+def _storing(config) -> bool:
+    """Whether this process adds up durations: the xdist controller (it sees every worker's reports) or a
+    run without workers; never a worker."""
+    return bool(os.environ.get("PARAPLAN_STORE_DURATIONS")) and not hasattr(config, "workerinput")
+
+
+def pytest_runtest_logreport(report):
+    """Adds each test's setup, call and teardown seconds to its module's."""
+    module = report.nodeid.split("::")[0]
+    _MODULE_S[module] = _MODULE_S.get(module, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """With PARAPLAN_STORE_DURATIONS=1 (run the whole suite), writes the modules' seconds to DURATIONS_FILE."""
+    if _storing(session.config) and _MODULE_S:
+        DURATIONS_FILE.write_text(json.dumps({k: round(v, 1) for k, v in sorted(_MODULE_S.items())}, indent=1)
+                                  + "\n")
+
 
 # ------------------------------------------------------------------------------------------------
 # presets and profiles

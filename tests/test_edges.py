@@ -65,6 +65,7 @@ def _config_file(tmp_path: Path, **fields) -> str:
     "search --global-batch-size 1e14", "search --fix tp=huge", "evaluate --devices 1e10", "evaluate config file",
     "evaluate inline config", "submit --devices huge", "submit --global-batch-size huge", "submit --trials",
 ])
+@pytest.mark.serial
 def test_huge_numbers_exit_2_at_once_naming_the_field(case, tmp_path, startup_s):
     pangu = ["--model", "pangu-ultra-moe-718b", "--cluster", "ascend-910b"]
     srv = ["--server", "http://127.0.0.1:9"]  # nothing listens: the bounds are checked before any request

@@ -119,6 +119,7 @@ def _wait(pred, timeout: float):
     raise AssertionError("condition not met in time")
 
 
+@pytest.mark.serial
 def test_a_second_keys_job_runs_while_the_first_keys_big_job_goes_on(service):
     """Two workers share key A's 3,000-trial job (it wants 64); key B's small job, submitted then, is
     run by one of them within seconds while A's job keeps running, and A's job gets its worker back

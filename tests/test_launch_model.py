@@ -30,6 +30,10 @@ from model_presets import names
 from search import SearchRequest, run_search
 from search.frameworks import stage_tokens
 
+# tests/test_megatron_validate.py reads this module's searches (top_configs, cached in the process):
+# one xdist group runs both modules on one worker, so the searches run once (tests/README.md)
+pytestmark = pytest.mark.xdist_group("launch-searches")
+
 
 def _parser() -> argparse.ArgumentParser:
     """The model flags with Megatron-LM's defaults (arguments.py), the rest ignored."""

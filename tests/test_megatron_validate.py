@@ -28,6 +28,10 @@ from costmodel import TrainingConfig
 
 from test_launch_model import RUNS, SPLITS, top_configs
 
+# top_configs' searches are cached in the process that ran tests/test_launch_model.py: one xdist group
+# runs both modules on one worker, so they run once (tests/README.md)
+pytestmark = pytest.mark.xdist_group("launch-searches")
+
 HARNESS = Path(__file__).resolve().parent / "vendor" / "megatron_lm" / "validate.py"
 PYTHON = os.environ.get("PARAPLAN_MEGATRON_PYTHON", sys.executable)
 

@@ -21,6 +21,7 @@ from service_util import (BIGGEST_EVALUATES, MEMORY_BOUND_MIB, TINY_JOB, Server,
 BURST = 200
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("database_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
                          indirect=True)
 def test_burst_of_one_idempotency_key_makes_one_job_and_others_are_answered(database_url, tmp_path):
@@ -117,6 +118,7 @@ EVALUATE = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 8,
             "config": {"tp": 2, "pp": 1, "ep": 2, "micro_batch_size": 1, "global_batch_size": 64}}
 
 
+@pytest.mark.serial
 @pytest.mark.postgres
 def test_database_outage_is_503_with_retry_after_on_a_kept_connection(postgres_url, tmp_path):
     """PostgreSQL refuses the service's database: job routes answer 503 with Retry-After and a JSON body
@@ -163,6 +165,7 @@ def test_database_outage_is_503_with_retry_after_on_a_kept_connection(postgres_u
         server.stop()
 
 
+@pytest.mark.serial
 @pytest.mark.postgres
 def test_a_locked_table_times_out_as_503_while_liveness_and_evaluate_answer(postgres_url, tmp_path):
     """A database that does not answer (here: the jobs table locked by another session): a job read is a
@@ -240,6 +243,7 @@ def test_database_errors_are_503_not_500(tmp_path, monkeypatch):
 # DELETE of a running job
 
 
+@pytest.mark.serial
 def test_delete_of_a_running_job_stops_its_workers_and_leaves_no_study(database_url, tmp_path):
     """A sampler job running on two workers (the server's and a separate one) is deleted: 204 once its
     workers have stopped, and its Optuna study is gone from the storage (no study, no trials), the job
@@ -350,6 +354,7 @@ def np_quiet():
 OUTAGE_S = 20
 
 
+@pytest.mark.serial
 @pytest.mark.postgres
 def test_a_20_s_database_outage_mid_job_on_3_workers_ends_succeeded_with_its_trials(postgres_url, tmp_path):
     """PostgreSQL drops and refuses the service database's connections for 20 s while a TPE job runs on 3
@@ -387,6 +392,7 @@ def test_a_20_s_database_outage_mid_job_on_3_workers_ends_succeeded_with_its_tri
         server.stop()
 
 
+@pytest.mark.serial
 def test_forty_biggest_evaluates_at_once_leave_the_server_alive_and_bounded(tmp_path):
     """40 concurrent evaluates of the biggest inputs the bounds allow (one used to cost ~600 MB and 40 of
     them 21 GB, until the kernel killed the server): each is answered 200 with its result, or 503 with
@@ -432,6 +438,7 @@ def test_forty_biggest_evaluates_at_once_leave_the_server_alive_and_bounded(tmp_
         server.stop()
 
 
+@pytest.mark.serial
 def test_a_heavy_evaluate_that_finds_no_turn_is_503_busy_with_retry_after(tmp_path):
     """One turn and a 10 ms wait: of 6 deep evaluates sent at once, the ones that find the turn taken
     answer 503 ``busy`` with Retry-After, the others their result; none is a 500."""
@@ -507,6 +514,7 @@ def test_a_damaged_sqlite_file_is_refused_at_start(tmp_path, how):
     assert db.read_bytes() == before  # looked at, never written
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("database_url", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
                          indirect=True)
 def test_a_second_keys_job_starts_while_the_first_keys_big_job_runs(database_url, tmp_path):

@@ -32,6 +32,10 @@ from service_util import Server, WorkerProcess, wait_for  # noqa: E402
 import hardware_profiles  # noqa: E402
 import model_presets  # noqa: E402
 
+# Workers must keep advancing beside CPU-bound processes and resume within bounds: the serial group
+# (tests/README.md) keeps these from overlapping each other and the other timing-sensitive tests.
+pytestmark = pytest.mark.serial
+
 COMPLETE, FAIL, RUNNING = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL,
                            optuna.trial.TrialState.RUNNING)
 # A small MoE model on 64 GPUs: thousands of layouts, a trial scores in milliseconds.

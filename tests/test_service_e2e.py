@@ -29,6 +29,7 @@ def server(tmp_path_factory):
         yield srv
 
 
+@pytest.mark.serial
 def test_pangu_job_over_http_matches_paraplan_search_and_survives_a_restart(server, same_result):
     assert server.ready_after_s < HEALTHY_WITHIN_S, server.ready_after_s
     with server.client() as c:
@@ -132,6 +133,7 @@ def test_idempotent_submit_and_delete_over_http(server):
         assert big.status_code == 413
 
 
+@pytest.mark.serial
 def test_nothing_accepted_is_lost_across_sigterm_and_a_separate_worker(tmp_path):
     api = Server(tmp_path / "q.db", tmp_path / "api.log", "--no-worker").start()
     try:

@@ -100,6 +100,7 @@ def _wait(pred, timeout: float, step: float = 0.05):
     return time.monotonic() - started
 
 
+@pytest.mark.serial
 def test_progress_is_written_while_running_and_cancel_stops_the_search_within_two_seconds(env):
     settings, client, sessions = env
     job = client.post("/v1/jobs", json={**PANGU_JOB, "search": {"sampler": "tpe", "n_trials": 3000, "seed": 1}}).json()
@@ -126,6 +127,7 @@ def test_progress_is_written_while_running_and_cancel_stops_the_search_within_tw
     assert not thread.is_alive()
 
 
+@pytest.mark.serial
 def test_a_stopping_worker_puts_its_job_back_in_the_queue(env):
     settings, client, sessions = env
     job = client.post("/v1/jobs", json={**PANGU_JOB, "search": {"sampler": "tpe", "n_trials": 3000, "seed": 2}}).json()
