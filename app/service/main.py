@@ -209,8 +209,8 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
             app.state.worker = worker
             app.state.wake = worker.wake.set
             worker_thread = app.state.worker_thread = start_thread(worker)
-        # The threads that run the blocking routes: as many as the pool has connections for (issue 19: more
-        # threads than connections made requests wait for the pool, and time out as 500s).
+        # The threads that run blocking work: as many as the pool has connections for (more threads than
+        # connections would make requests wait for the pool, and time out).
         import anyio.to_thread
 
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
@@ -218,6 +218,9 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
         if worker_thread is not None:
             app.state.worker.stop()
             worker_thread.join(WORKER_JOIN_S)
+        executor = getattr(app.state, "db_executor", None)
+        if executor is not None:  # work not started is dropped; a thread on a frozen database is not waited for
+            executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="ParaPlan", version=PARAPLAN_VERSION, description=DESCRIPTION, openapi_tags=TAGS,
                   docs_url=None, redoc_url=None, lifespan=lifespan)
@@ -277,9 +280,11 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
                                                  f"({type(exc).__name__}); retry in {DB_RETRY_AFTER_S} s",
                                                  "type": "database_unavailable"}]})
 
+    from app.service.api.deps import DatabaseTimeout
     from app.service.services.jobs import StudyNotDeleted
 
-    for cls in (DBAPIError, PoolTimeout, DisconnectionError, StudyNotDeleted, *_optuna_storage_errors()):
+    for cls in (DBAPIError, PoolTimeout, DisconnectionError, StudyNotDeleted, DatabaseTimeout,
+                *_optuna_storage_errors()):
         app.add_exception_handler(cls, database_error)
 
     @app.exception_handler(Exception)

@@ -48,6 +48,10 @@ class Settings(BaseSettings):
                                                                      "connection.")
     api_threads: int = Field(16, ge=1, le=256, description="Threads that serve the API's blocking routes; the "
                                                            "connection pool holds this many plus the worker's.")
+    db_request_timeout_s: float = Field(10.0, gt=0, le=600, description="Longest a request waits for its "
+                                                                       "database work (a thread, a connection, "
+                                                                       "its queries); after it, 503 with "
+                                                                       "Retry-After.")
     ready_timeout_s: float = Field(2.0, gt=0, le=60, description="/readyz answers not ready when the database "
                                                                  "does not answer `SELECT 1` within this.")
 

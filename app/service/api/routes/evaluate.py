@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from sqlalchemy.orm import Session
 
-from app.service.api.deps import api_scope, get_db, get_settings
+from app.service.api.deps import api_scope, get_settings, in_db
 from app.service.core.config import Settings
 from app.service.schemas.common import AUTH_ERRORS, BODY_ERRORS, error_doc, header_doc
 from app.service.schemas.evaluate import EvaluateRequest
@@ -67,12 +67,12 @@ async def heavy_turn(app, settings: Settings, loc: tuple = ("body", "config"),
                                      "within 30 s; retry later", "busy",
                  headers={"Retry-After": header_doc("Seconds to wait before retrying.", "5")})})
 async def evaluate(body: EvaluateRequest, request: Request, settings: Settings = Depends(get_settings),
-                   scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
+                   scope: str = Depends(api_scope)) -> dict:
     if body.devices > settings.max_devices:
         raise invalid(["body", "devices"], f"at most {settings.max_devices:,} devices", "less_than_equal")
     spec = resolve_model(body.model, body.seq_length)
     # A profile version ("name@n") is read from the database, in the thread pool (no database I/O on the loop).
-    profile = await run_in_threadpool(resolve_cluster_for, db, scope, body.cluster) \
+    profile = await in_db(request, resolve_cluster_for, scope, body.cluster) \
         if isinstance(body.cluster, str) and "@" in body.cluster else resolve_cluster(body.cluster)
     check_stages(spec, body.config.get("pp"), body.config.get("vpp"), ["body", "config"])
     cfg = resolve_config(body.config)
