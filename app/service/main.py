@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.service.core.config import Settings, get_settings
 from app.service.core.logging import RequestInfo, current_request, request_id_from
 from app.service.db.engine import get_sessionmaker, safe_url
+from app.service.hostile import SafeJSONResponse, body_problem
 from app.service.services.metrics import Metrics
 from costmodel.result import PARAPLAN_VERSION
 
@@ -69,8 +70,13 @@ TAGS = [
 ]
 
 
+async def replay_nothing():
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
 class BodyLimit:
-    """413 for a request body over ``max_bytes``: by its Content-Length, or counted as it streams."""
+    """413 for a request body over ``max_bytes``: by its Content-Length, or counted as it streams; 422 for
+    a JSON body with text no route may keep or echo (``app/service/hostile.py``)."""
 
     def __init__(self, app, max_bytes: int):
         self.app = app
@@ -106,6 +112,9 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body, sent = b"".join(chunks), False
+        if body and (problem := body_problem(body)) is not None:  # text no route may keep or echo (hostile.py)
+            await SafeJSONResponse(status_code=422, content={"detail": [problem]})(scope, replay_nothing, send)
+            return
 
         async def replay():
             nonlocal sent
@@ -223,7 +232,8 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
             executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="ParaPlan", version=PARAPLAN_VERSION, description=DESCRIPTION, openapi_tags=TAGS,
-                  docs_url=None, redoc_url=None, lifespan=lifespan)
+                  docs_url=None, redoc_url=None, lifespan=lifespan,
+                  default_response_class=SafeJSONResponse)
     app.state.settings = settings
     app.state.sessions = get_sessionmaker(settings.database_url)
     app.state.worker = None
@@ -253,14 +263,17 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
         # parser accepts) must not turn the 422 into a 500 while it is encoded.
         detail = jsonable_encoder(exc.errors(), custom_encoder={
             bytes: lambda b: b.decode("utf-8", "replace"), float: lambda f: f if math.isfinite(f) else str(f)})
-        return JSONResponse(status_code=422, content={"detail": detail})
+        return SafeJSONResponse(status_code=422, content={"detail": detail})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # not UTF-8 text
-            return JSONResponse(status_code=422, content={"detail": [{
+            return SafeJSONResponse(status_code=422, content={"detail": [{
                 "loc": ["body"], "msg": "the body is not JSON (not UTF-8 text)", "type": "json_invalid"}]})
-        return await http_exception_handler(request, exc)
+        if exc.status_code in (204, 304):
+            return await http_exception_handler(request, exc)
+        return SafeJSONResponse(status_code=exc.status_code, content={"detail": exc.detail},
+                                headers=getattr(exc, "headers", None))
 
     async def database_error(request: Request, exc: Exception) -> JSONResponse:
         """The database is away, frozen, full or out of connections: 503 with Retry-After and a JSON body,

@@ -5,12 +5,14 @@ SQLite (the default) runs in WAL mode with ``synchronous=NORMAL``: readers never
 writes, and a commit does not wait for a disk flush (a crash loses at most the last commits, never the
 file). The worker, the API threads and Optuna's storage share one file.
 
-Every engine has bounded waits (issue 19), from the settings (``app/service/core/config.py``): a
+Every engine has bounded waits, from the settings (``app/service/core/config.py``): a
 connect timeout and a statement timeout on PostgreSQL (libpq's ``connect_timeout``, the server's
 ``statement_timeout``, TCP keepalives so a vanished server is noticed), SQLite's busy timeout, and a
 pool as large as the threads that use it (``Settings.pool_size``) with a bounded wait for a connection.
-A database that is away or frozen turns into a SQLAlchemy error within those bounds, which the API
-answers with 503 (``app/service/main.py``).
+A database that is away turns into a SQLAlchemy error within those bounds, which the API answers with
+503 (``app/service/main.py``). A frozen server (its kernel still acknowledging, nothing answering) holds a
+statement until it resumes: the API bounds each request's whole database wait on its side
+(``PARAPLAN_DB_REQUEST_TIMEOUT_S``, ``app/service/api/deps.py``) and answers 503 with Retry-After then.
 """
 
 from __future__ import annotations
@@ -56,10 +58,22 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.close()
 
 
+def _drop_read_only(context) -> None:
+    """A SQLite connection opened while its file could not be written stays read-only for life ("attempt to
+    write a readonly database" ever after, though the file is writable again): treat the error as a lost
+    connection, so that the pool drops it and the next use opens a new one. The request still answers 503
+    (the API's handler for database errors), and writes work again as soon as the file does, without a
+    restart."""
+    if "readonly database" in str(context.original_exception):
+        context.is_disconnect = True
+
+
 def tune_sqlite(engine: Engine) -> Engine:
-    """WAL and friends on every new connection of ``engine`` (also used on Optuna's engine)."""
+    """WAL and friends on every new connection of ``engine`` (also used on Optuna's engine), and read-only
+    connections dropped (``_drop_read_only``)."""
     if engine.dialect.name == "sqlite" and not event.contains(engine, "connect", _sqlite_pragmas):
         event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "handle_error", _drop_read_only)
         engine.dispose()  # connections opened before the listener get it when reopened
     return engine
 
@@ -71,9 +85,13 @@ def connect_args(url: str, settings: Settings | None = None) -> dict:
     if is_sqlite(url):
         return {"check_same_thread": False, "timeout": s.db_busy_timeout_s}
     if make_url(url).get_driver_name() in LIBPQ_DRIVERS:
+        # tcp_user_timeout: a write the server's host does not acknowledge fails after this long (a vanished
+        # host); a frozen server's kernel still acknowledges, which the request bound covers
+        # (PARAPLAN_DB_REQUEST_TIMEOUT_S, app/service/api/deps.py).
         return {"connect_timeout": s.db_connect_timeout_s,
                 "options": f"-c statement_timeout={int(s.db_statement_timeout_s * 1000)}",
-                "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+                "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+                "tcp_user_timeout": int(s.db_statement_timeout_s * 1000)}
     return {}
 
 
