@@ -22,6 +22,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.service.core.config import Settings, get_settings
@@ -50,6 +51,60 @@ def sqlite_path(url: str) -> Path | None:
     return Path(u.database)
 
 
+# Linux inode flags (linux/fs.h): an immutable or append-only file cannot take a write, not even through
+# a shared memory map that is already open.
+FS_IOC_GETFLAGS = 0x80086601
+FS_IMMUTABLE_FL, FS_APPEND_FL = 0x10, 0x20
+FROZEN_CHECK_S = 0.25  # how long one look at the files' flags is trusted
+
+
+def _file_frozen(path: str) -> bool:
+    """Whether ``path`` exists and is immutable or append-only (False where the flags cannot be read)."""
+    import fcntl
+    import os
+    import struct
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        flags = struct.unpack("l", fcntl.ioctl(fd, FS_IOC_GETFLAGS, struct.pack("l", 0)))[0]
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return bool(flags & (FS_IMMUTABLE_FL | FS_APPEND_FL))
+
+
+class FrozenFileGuard:
+    """Refuses SQLite work on a database whose file, ``-wal`` or ``-shm`` became immutable.
+
+    SQLite in WAL mode keeps its index in ``-shm`` as a shared memory map, and every read and write
+    (read marks included) writes to it. Once the file is immutable (``chattr +i``) the kernel answers the
+    next write to that map with SIGBUS, which ends the whole process: API, embedded worker and all. So
+    before each statement, commit and new connection the flags are looked at (at most every
+    ``FROZEN_CHECK_S``) and, while frozen, the work is refused with a DBAPI error (503 with Retry-After
+    through the API; the worker waits as for an outage); it goes on by itself once the file is writable.
+    A file made read-only by its permissions needs no guard: a connection already open keeps writing
+    through its map, and a new one opens read-only (``_drop_read_only``)."""
+
+    def __init__(self, path: str):
+        self.paths = [path, f"{path}-wal", f"{path}-shm"]
+        self.checked_at, self.frozen = -1e9, False
+
+    def check(self, *_args, **_kw) -> None:
+        import sqlite3
+        import time
+
+        now = time.monotonic()
+        if now - self.checked_at > FROZEN_CHECK_S:
+            self.frozen, self.checked_at = any(_file_frozen(p) for p in self.paths), now
+        if self.frozen:  # a SQLAlchemy error, so that every caller handles it as a database error
+            raise OperationalError("(refused)", None, sqlite3.OperationalError(
+                "the database file is immutable; refused before SQLite touches it"))
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
@@ -72,6 +127,12 @@ def tune_sqlite(engine: Engine) -> Engine:
     """WAL and friends on every new connection of ``engine`` (also used on Optuna's engine), and read-only
     connections dropped (``_drop_read_only``)."""
     if engine.dialect.name == "sqlite" and not event.contains(engine, "connect", _sqlite_pragmas):
+        database = engine.url.database
+        if database and database != ":memory:" and not database.startswith("file:"):
+            guard = FrozenFileGuard(str(Path(database).resolve()))
+            event.listen(engine, "connect", guard.check)  # before the pragmas: listeners run in order
+            event.listen(engine, "before_cursor_execute", guard.check)
+            event.listen(engine, "commit", guard.check)
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "handle_error", _drop_read_only)
         engine.dispose()  # connections opened before the listener get it when reopened

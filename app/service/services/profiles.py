@@ -1,4 +1,4 @@
-"""A team's measured runs of a shipped cluster and the profile versions refitted on them (issue 14).
+"""A team's measured runs of a shipped cluster and the profile versions refitted on them.
 
 Measurements are validated as a published run is (``app.formats.validation.parse_run``, after the
 API's own rules on models and configs: a string is a preset name, never a server path; sizes within

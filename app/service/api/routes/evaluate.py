@@ -79,7 +79,7 @@ async def evaluate(body: EvaluateRequest, request: Request, settings: Settings =
     check_config_for(spec, cfg)
     # One config takes a few milliseconds: scored on the event loop, which is faster under load than a
     # thread hop. A deep pipeline (many virtual stages) costs up to seconds and goes to the thread pool,
-    # a few at a time (issue 19: 40 of them at once took 21 GB).
+    # a few at a time (40 of them at once took 21 GB).
     stages = cfg.pp * cfg.vpp
     try:
         if stages <= INLINE_STAGES:
@@ -93,7 +93,7 @@ async def evaluate(body: EvaluateRequest, request: Request, settings: Settings =
         log.exception("evaluate failed")
         raise invalid(["body", "config"], f"cannot be evaluated ({type(exc).__name__}: {exc})") from None
     # A degenerate profile (a peak of 1e-308) gives null times on a "feasible" config: a 422 naming the fact
-    # to blame (issue 19), not a 200 with nulls.
+    # to blame, not a 200 with nulls.
     try:
         return check_finite(result, profile)
     except InputError as exc:

@@ -1,5 +1,5 @@
 """`/v1/clusters/{name}/measurements` and `/v1/clusters/{name}/versions`: a team's measured runs of a
-shipped cluster, and the profile versions refitted on them (issue 14). Thin: the work is in
+shipped cluster, and the profile versions refitted on them. Thin: the work is in
 ``app/service/services/profiles.py``. Database reads and writes run in the database threads with a
 session closed there before the answer is sent (``db_route``); the refit runs there too, inside one of
 the heavy turns that also bound deep evaluates."""
