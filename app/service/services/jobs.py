@@ -331,16 +331,34 @@ def create(db: Session, body: JobCreate, settings: Settings, scope: str,
 def create_in_slot(db: Session, body: JobCreate, settings: Settings, scope: str,
                    idempotency_key: str | None) -> tuple[Job, bool]:
     """``create`` for a caller that holds ``idempotency_slot(scope, idempotency_key)``."""
-    digest = request_hash(body)
+    replay, profile = admit(db, body, settings, scope, idempotency_key)
+    if replay is not None:
+        return replay, True
+    return store(db, body, prepare(body, settings, profile), scope, idempotency_key)
+
+
+def admit(db: Session, body: JobCreate, settings: Settings, scope: str,
+          idempotency_key: str | None) -> tuple[Job | None, ClusterProfile | None]:
+    """The database half of a submission before its inputs are resolved: the job a replayed
+    Idempotency-Key made (409 for another body), else the queue cap (429) and the profile version the body
+    names (None: resolve ``body.cluster``). Ends its reads, so that no connection is held while the inputs
+    are resolved and the space is built (CPU work, ``prepare``)."""
     if idempotency_key is not None:
         existing = _by_key(db, scope, idempotency_key)
         if existing is not None:
             db.commit()  # end the read (nothing expires): the connection goes back to the pool
-            return _replay(existing, digest), True
+            return _replay(existing, request_hash(body)), None
     _check_queue(db, scope, settings.max_queued_jobs)
     profile = versioned_cluster(db, scope, body.cluster)  # "name@n": the caller's profile version n
-    db.commit()  # no connection is held while the inputs are resolved and the space is built (CPU work)
-    fields = prepare(body, settings, profile)
+    db.commit()
+    return None, profile
+
+
+def store(db: Session, body: JobCreate, fields: dict, scope: str,
+          idempotency_key: str | None) -> tuple[Job, bool]:
+    """Insert the job ``prepare`` resolved; a concurrent submission of the same Idempotency-Key that won
+    the insert is replayed instead (``True``)."""
+    digest = request_hash(body)
     now = utcnow()
     job = Job(id=str(uuid.uuid4()), status="queued", created_at=now, updated_at=now,
               request=body.model_dump(mode="json", exclude_unset=True), trials_done=0, cancel_requested=False,

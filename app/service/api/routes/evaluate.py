@@ -9,7 +9,6 @@ import logging
 from fastapi import APIRouter, Depends, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from sqlalchemy.orm import Session
 
 from app.service.api.deps import api_scope, get_settings, in_db
 from app.service.core.config import Settings

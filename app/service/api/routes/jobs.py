@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.service.api.deps import api_scope, db_route, get_settings, in_db
 from app.service.core.config import Settings
@@ -78,11 +79,17 @@ async def submit(request: Request, response: Response,
                                                                description="Makes retries safe: same key and "
                                                                            "body, same job.")] = None,
                  scope: str = Depends(api_scope), settings: Settings = Depends(get_settings)) -> dict:
-    # The one route on the event loop here, and only for the Idempotency-Key slot (no database): a duplicate
-    # of a request still being created is a 409 at once; the creation itself runs in the thread pool.
+    # The Idempotency-Key slot is taken on the event loop (no database): a duplicate of a request still being
+    # created is a 409 at once. Then the database checks and the insert run as bounded database work, and
+    # the inputs are resolved between them in the thread pool: that is CPU work (the search space is built),
+    # which the database bound must not cut short and which holds no connection.
     with service.idempotency_slot(scope, idempotency_key):
-        job, replayed, out = await in_db(request, _submit, body, settings, scope, idempotency_key)
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
+        replay, profile = await in_db(request, _admit, body, settings, scope, idempotency_key)
+        if replay is None:
+            fields = await run_in_threadpool(service.prepare, body, settings, profile)
+            replay = await in_db(request, _store, body, fields, scope, idempotency_key)
+        job_id, replayed, out = replay
+    response.headers["Location"] = f"/v1/jobs/{job_id}"
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     else:
@@ -92,9 +99,18 @@ async def submit(request: Request, response: Response,
     return out
 
 
-def _submit(db: Session, body: JobCreate, settings: Settings, scope: str, idempotency_key: str | None):
-    job, replayed = service.create_in_slot(db, body, settings, scope, idempotency_key)
-    return job, replayed, _out(db, job)
+def _admit(db: Session, body: JobCreate, settings: Settings, scope: str, idempotency_key: str | None):
+    """(the replayed job's answer, None) for a replayed Idempotency-Key, else (None, the profile version the
+    body names or None)."""
+    existing, profile = service.admit(db, body, settings, scope, idempotency_key)
+    if existing is not None:
+        return (existing.id, True, _out(db, existing)), None
+    return None, profile
+
+
+def _store(db: Session, body: JobCreate, fields: dict, scope: str, idempotency_key: str | None):
+    job, replayed = service.store(db, body, fields, scope, idempotency_key)
+    return job.id, replayed, _out(db, job)
 
 
 @router.get("", response_model=JobPage, summary="List jobs", description="Newest first.",
