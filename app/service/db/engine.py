@@ -51,30 +51,42 @@ def sqlite_path(url: str) -> Path | None:
     return Path(u.database)
 
 
-# Linux inode flags (linux/fs.h): an immutable or append-only file cannot take a write, not even through
-# a shared memory map that is already open.
-FS_IOC_GETFLAGS = 0x80086601
-FS_IMMUTABLE_FL, FS_APPEND_FL = 0x10, 0x20
-FROZEN_CHECK_S = 0.25  # how long one look at the files' flags is trusted
+# Linux file attributes as statx(2) reports them (linux/stat.h): an immutable or append-only file cannot
+# take a write, not even through a shared memory map that is already open.
+STATX_ATTR_IMMUTABLE, STATX_ATTR_APPEND = 0x10, 0x20
+AT_FDCWD = -100
+FROZEN_CHECK_S = 0.25  # how long one look at the files' attributes is trusted
+
+
+@lru_cache(maxsize=1)
+def _statx():
+    """libc's statx, or None (not Linux, or a libc before glibc 2.28)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.statx
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+    return fn
 
 
 def _file_frozen(path: str) -> bool:
-    """Whether ``path`` exists and is immutable or append-only (False where the flags cannot be read)."""
-    import fcntl
-    import os
-    import struct
+    """Whether ``path`` exists and is immutable or append-only (False where that cannot be told). Read with
+    statx, never by opening the file: closing any descriptor of a SQLite file drops every POSIX lock the
+    process holds on it, SQLite's own included."""
+    import ctypes
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+    statx = _statx()
+    if statx is None:
         return False
-    try:
-        flags = struct.unpack("l", fcntl.ioctl(fd, FS_IOC_GETFLAGS, struct.pack("l", 0)))[0]
-    except OSError:
+    buf = ctypes.create_string_buffer(256)  # struct statx; stx_attributes is the u64 at offset 8
+    if statx(AT_FDCWD, path.encode(), 0, 0, buf) != 0:
         return False
-    finally:
-        os.close(fd)
-    return bool(flags & (FS_IMMUTABLE_FL | FS_APPEND_FL))
+    attributes = int.from_bytes(buf.raw[8:16], "little")
+    return bool(attributes & (STATX_ATTR_IMMUTABLE | STATX_ATTR_APPEND))
 
 
 class FrozenFileGuard:
@@ -83,7 +95,7 @@ class FrozenFileGuard:
     SQLite in WAL mode keeps its index in ``-shm`` as a shared memory map, and every read and write
     (read marks included) writes to it. Once the file is immutable (``chattr +i``) the kernel answers the
     next write to that map with SIGBUS, which ends the whole process: API, embedded worker and all. So
-    before each statement, commit and new connection the flags are looked at (at most every
+    before each statement, commit and new connection the attributes are looked at (statx) (at most every
     ``FROZEN_CHECK_S``) and, while frozen, the work is refused with a DBAPI error (503 with Retry-After
     through the API; the worker waits as for an outage); it goes on by itself once the file is writable.
     A file made read-only by its permissions needs no guard: a connection already open keeps writing
