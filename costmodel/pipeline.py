@@ -236,7 +236,7 @@ def balanced_tokens(spec: ModelSpec, pp: int, vpp: int) -> list[str] | None:
     layers) and keeps S·(n-S+1) two-byte back pointers; when the triples would be more than
     ``BALANCE_MAX_WORK`` (10,000 even layers over 2 to 64 stages, say) the split is the one by prefix
     targets (``_target_cuts``: O(S·log n), every stage within a slot of its equal share), so any spec the
-    bounds accept splits in about a second at most."""
+    bounds accept splits in under two seconds of CPU (10,000 layers over 1,250 × 4 stages: 1.7 s)."""
     costs, symbols = _slot_flops(spec)
     n, S = len(costs), pp * vpp
     if n < S:
