@@ -1,4 +1,4 @@
-"""The service under load and database faults (issue 19), one case after another on PostgreSQL.
+"""The service under load, database faults and hostile clients, one case after another on PostgreSQL.
 
 Every case starts its own ``paraplan serve`` (and workers) on a new database of one PostgreSQL server
 on loopback (``scripts/postgres_server.py``, durable defaults), does what the issue found breaking the
@@ -16,6 +16,18 @@ service, and prints one row: what was measured and whether it held.
 5. **DELETE of a running job** on 2 workers: its answer (204) and whether its Optuna study is left (no).
 6. **Second key**: key A's ``parallel_workers: 64`` job on 2 workers, then key B's small job: seconds
    until B's job succeeded (< 60) while A's kept running.
+7. **Read burst**: 200 concurrent ``GET /v1/jobs/{id}``: answers (200, or 503 with Retry-After), client
+   timeouts (0), the slowest, and the first read after the burst (< 1 s: the pool was not left drained).
+8. **50 s freeze**: PostgreSQL SIGSTOPped for 50 s while a client reads a job and submits one every
+   second: every answer 503 with Retry-After within the request bound (``PARAPLAN_DB_REQUEST_TIMEOUT_S``,
+   10 s) plus a second, ``/healthz`` 200 throughout, and 200 again within seconds of the thaw.
+9. **Hostile bodies**: each body of ``tests/test_hostile.py`` (lone surrogates, NUL, 500 nested objects,
+   a 5,000-digit layout repeat, a 300-character cluster name, ...) on one keep-alive connection: 422s
+   naming the field (all), connections dropped (0), 5xx (0).
+10. **DELETE among 1,500 studies**: a finished job's DELETE with 1,500 other studies of 10 trials each in
+   the database: 204 in under 2 s.
+11. **Widest body**: the 10,000-layer job of the hostile test: accepted within its bound (30 s) and the
+   API's peak resident memory (< 512 MiB).
 
 Loopback only. Run from the repository root (``benchmarks/load.py --faults`` runs the same):
 
@@ -217,9 +229,141 @@ def second_key(pg: PostgresServer, tmp: Path) -> tuple[str, bool]:
         done["status"] == "succeeded" and took < 60 and a_status == "running"
 
 
+def read_burst(pg: PostgresServer, tmp: Path) -> tuple[str, bool]:
+    server = Server(new_database(pg), tmp / "reads.log", "--no-worker").start()
+    try:
+        with server.client() as c:
+            job = c.post("/v1/jobs", json=TINY_JOB).raise_for_status().json()
+
+        async def run():
+            async def one():
+                started = time.monotonic()
+                status, headers, _ = await asyncio.wait_for(
+                    raw_request(server.port, "GET", f"/v1/jobs/{job['id']}"), 30)
+                return status, headers, time.monotonic() - started
+            return await asyncio.gather(*(one() for _ in range(200)), return_exceptions=True)
+
+        answers = asyncio.run(run())
+        with server.client() as c:
+            started = time.monotonic()
+            after_status = c.get(f"/v1/jobs/{job['id']}").status_code
+            after_s = time.monotonic() - started
+    finally:
+        server.stop()
+    timeouts = sum(isinstance(a, BaseException) for a in answers)
+    done = [a for a in answers if not isinstance(a, BaseException)]
+    ok, busy = sum(a[0] == 200 for a in done), sum(a[0] == 503 and "retry-after" in a[1] for a in done)
+    slowest = max((a[2] for a in done), default=float("nan"))
+    return (f"200 concurrent GETs: {ok} x 200, {busy} x 503 Retry-After, {timeouts} timeouts, slowest "
+            f"{slowest:.2f} s; next read {after_status} in {after_s:.3f} s"), \
+        timeouts == 0 and ok + busy == 200 and after_status == 200 and after_s < 1
+
+
+def long_freeze(pg: PostgresServer, tmp: Path, freeze_s: float = 50.0) -> tuple[str, bool]:
+    from app.service.core.config import Settings
+
+    bound = Settings().db_request_timeout_s
+    server = Server(new_database(pg), tmp / "freeze50.log", "--no-worker").start()
+    seen: list[tuple[str, int, bool, float]] = []
+    try:
+        with server.client() as c:  # its 30 s timeout is past the bound: a held request shows as slow
+            job = c.post("/v1/jobs", json=TINY_JOB).raise_for_status().json()
+            pg.freeze()
+            try:
+                until = time.monotonic() + freeze_s
+                while time.monotonic() < until:
+                    for method, path, body in (("GET", f"/v1/jobs/{job['id']}", None), ("POST", "/v1/jobs", TINY_JOB),
+                                               ("GET", "/healthz", None)):
+                        started = time.monotonic()
+                        r = c.request(method, path, json=body)
+                        seen.append((path, r.status_code, "retry-after" in r.headers, time.monotonic() - started))
+                    time.sleep(1.0)
+            finally:
+                pg.thaw()
+            thawed = time.monotonic()
+            while c.get(f"/v1/jobs/{job['id']}").status_code != 200 and time.monotonic() - thawed < 30:
+                time.sleep(0.2)
+            back_s = time.monotonic() - thawed
+    finally:
+        server.stop()
+    db = [x for x in seen if x[0] != "/healthz"]
+    health = [x for x in seen if x[0] == "/healthz"]
+    slowest = max(x[3] for x in db)
+    answered = all(x[1] == 503 and x[2] for x in db)
+    held = answered and slowest < bound + 1 and all(x[1] == 200 and x[3] < 1 for x in health) and back_s < 15
+    return (f"frozen {freeze_s:.0f} s: {len(db)} reads and POSTs, all 503 Retry-After: {'yes' if answered else 'no'}, "
+            f"slowest {slowest:.1f} s (bound {bound:g} s); /healthz slowest {max(x[3] for x in health):.3f} s; "
+            f"200 again {back_s:.1f} s after the thaw"), held
+
+
+def hostile_bodies(pg: PostgresServer, tmp: Path) -> tuple[str, bool]:
+    import http.client
+
+    from test_hostile import HOSTILE
+
+    server = Server(new_database(pg), tmp / "hostile.log", "--no-worker").start()
+    named = dropped = five = 0
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.connect()
+        for _, method, path, body, loc in HOSTILE:
+            sock = conn.sock
+            conn.request(method, path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+            r = conn.getresponse()
+            data = json.loads(r.read() or b"{}")
+            five += r.status >= 500
+            named += r.status == 422 and data["detail"][0]["loc"][:len(loc)] == loc
+            if r.will_close or conn.sock is not sock:
+                dropped += 1
+                conn.close()
+                conn.connect()
+        conn.close()
+    finally:
+        server.stop()
+    return (f"{len(HOSTILE)} hostile bodies: {named} x 422 naming the field, {five} x 5xx, {dropped} connections "
+            f"dropped"), named == len(HOSTILE) and five == 0 and dropped == 0
+
+
+def delete_among_studies(pg: PostgresServer, tmp: Path) -> tuple[str, bool]:
+    from test_hostile import _many_studies
+
+    url = new_database(pg)
+    server = Server(url, tmp / "delete1500.log").start()
+    try:
+        with server.client() as c:
+            job = c.post("/v1/jobs", json={**TINY_JOB, "search": {"sampler": "random", "n_trials": 5, "seed": 1,
+                                                                   "top_k": 3}}).raise_for_status().json()
+            wait_for(c, job["id"], timeout=120)
+            _many_studies(url, 1500, 10)
+            started = time.monotonic()
+            status = c.delete(f"/v1/jobs/{job['id']}").status_code
+            took = time.monotonic() - started
+    finally:
+        server.stop()
+    return f"DELETE with 1,500 studies x 10 trials: {status} in {took:.2f} s", status == 204 and took < 2
+
+
+def widest_body(pg: PostgresServer, tmp: Path) -> tuple[str, bool]:
+    from test_hostile import MEMORY_BOUND_MIB as BOUND_MIB, TEN_THOUSAND_LAYERS, WIDEST_JOB_BOUND_S
+
+    server = Server(new_database(pg), tmp / "widest.log", "--no-worker").start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=WIDEST_JOB_BOUND_S * 4) as c:
+            started = time.monotonic()
+            status = c.post("/v1/jobs", json=TEN_THOUSAND_LAYERS).status_code
+            took = time.monotonic() - started
+        peak = peak_rss_mib(server.proc.pid)
+    finally:
+        server.stop()
+    return (f"10,000-layer job: {status} in {took:.1f} s (bound {WIDEST_JOB_BOUND_S:g} s); peak RSS {peak:.0f} MiB "
+            f"(bound {BOUND_MIB})"), status == 202 and took < WIDEST_JOB_BOUND_S and peak < BOUND_MIB
+
+
 CASES = {"biggest-evaluates": biggest_evaluates, "same-key-burst": same_key_burst,
          "postgres-restart": postgres_restart, "frozen-database": frozen_database,
-         "delete-running": delete_running, "second-key": second_key}
+         "delete-running": delete_running, "second-key": second_key, "read-burst": read_burst,
+         "frozen-50s": long_freeze, "hostile-bodies": hostile_bodies, "delete-1500-studies": delete_among_studies,
+         "widest-body": widest_body}
 
 
 def run(cases: list[str]) -> int:
@@ -235,7 +379,7 @@ def run(cases: list[str]) -> int:
                 measured, held = f"error: {str(exc).splitlines()[0][:200]}", False
             rows.append((name, measured, held, time.monotonic() - started))
     width = max(len(r[0]) for r in rows)
-    print(f"\nfaults (issue 19) on PostgreSQL, logs in {tmp}")
+    print(f"\nfaults on PostgreSQL, logs in {tmp}")
     print(f"{'case':<{width}}  held  {'s':>5}  measured")
     for name, measured, held, seconds in rows:
         print(f"{name:<{width}}  {'yes' if held else 'NO':<4}  {seconds:5.0f}  {measured}")

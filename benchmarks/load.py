@@ -10,9 +10,10 @@ It checks that every job was accepted (202), that every one succeeded, that none
 claimed once, and its study holds exactly its 20 finished trials and no other) and prints a table:
 submission latency and rate, jobs and trials finished per second, the wall time. Bounded in time:
 ``--timeout`` (1,800 s) after the first submission it stops, reports what finished, and exits 1.
-With ``--faults`` it runs the cases of issue 19 instead (``benchmarks/faults.py``: the biggest
-evaluates at once, a same-key burst, a 20 s PostgreSQL restart mid-job, a frozen database, DELETE of
-a running job, a second key beside a big job), one row each. Loopback only. Run from the repository root:
+With ``--faults`` it runs the fault and hostile-client cases instead (``benchmarks/faults.py``: the
+biggest evaluates at once, a same-key burst, a 20 s PostgreSQL restart mid-job, a frozen database, DELETE
+of a running job, a second key beside a big job, 200 concurrent reads, a 50 s freeze, the hostile bodies,
+DELETE among 1,500 studies, the 10,000-layer body), one row each; ``--case NAME`` (repeatable) picks some. Loopback only. Run from the repository root:
 
     .venv/bin/python benchmarks/load.py [--jobs 1000] [--clients 50] [--workers 2]
     .venv/bin/python benchmarks/load.py --faults
@@ -111,14 +112,15 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=1800.0, help="Seconds after the first submission.")
-    ap.add_argument("--faults", action="store_true", help="Instead, the load and database-fault cases of "
-                                                          "issue 19 (benchmarks/faults.py), one row each.")
+    ap.add_argument("--faults", action="store_true", help="Instead, the database-fault and hostile-client "
+                                                          "cases (benchmarks/faults.py), one row each.")
+    ap.add_argument("--case", action="append", help="With --faults: only these cases (repeatable).")
     args = ap.parse_args()
     if args.faults:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         import faults
 
-        return faults.run(list(faults.CASES))
+        return faults.run(args.case or list(faults.CASES))
     tmp = Path(tempfile.mkdtemp(prefix="paraplan-load-"))
     env = {"PARAPLAN_MAX_QUEUED_JOBS": str(args.jobs + 1), "PARAPLAN_POLL_S": "0.2"}
     with PostgresServer(durable=True) as pg:

@@ -210,6 +210,17 @@ def _slot_flops(spec: ModelSpec) -> tuple[list[float], list[str]]:
     return costs, symbols
 
 
+# Bounds of the cost-balanced split (``balanced_tokens``): elements scored per chunk of the banded dynamic
+# programme (a few arrays of 8 bytes each, so tens of MiB at most), and the most candidate (stage, end,
+# start) triples one split may score before it takes the split by prefix targets instead (measured: about
+# half a second on one core of the development machine; 1,000 layers over 64 stages score 3.3 million).
+BALANCE_CHUNK_ELEMENTS = 1 << 20
+BALANCE_MAX_WORK = 40_000_000
+# Sweeps of single-slot moves that spread tied stage sizes over the ranks (``_balance_ranks``); each costs
+# O(S) trials of O(S) (every real split settles in a handful).
+BALANCE_MAX_SWEEPS = 64
+
+
 def balanced_tokens(spec: ModelSpec, pp: int, vpp: int) -> list[str] | None:
     """Per-virtual-stage tokens (``pipeline_layout`` symbols) of the contiguous split whose virtual
     stages are as equal in forward FLOPs (``_slot_flops``) as the slots allow; None where there are
@@ -218,26 +229,110 @@ def balanced_tokens(spec: ModelSpec, pp: int, vpp: int) -> list[str] | None:
     "As equal as possible" is the least sum of squared stage costs (a dynamic programme over slot
     boundaries), not the least maximum alone: with vpp > 1 a rank runs several chunks, and a split
     that only caps the heaviest chunk may leave a rank whose chunks are all at the cap (80 Llama
-    layers over 8 stages: 11·7 + 3 caps chunks at 11, but rank 0 then holds 22 to rank 3's 14)."""
+    layers over 8 stages: 11·7 + 3 caps chunks at 11, but rank 0 then holds 22 to rank 3's 14).
+
+    Bounded by construction: the programme (``_least_squares_cuts``) scores S·(n-S+1)·w triples for n
+    slots, S = pp·vpp stages and w the slots a stage of the optimum can hold (about 2n/S for even
+    layers) and keeps S·(n-S+1) two-byte back pointers; when the triples would be more than
+    ``BALANCE_MAX_WORK`` (10,000 even layers over 2 to 64 stages, say) the split is the one by prefix
+    targets (``_target_cuts``: O(S·log n), every stage within a slot of its equal share), so any spec the
+    bounds accept splits in under two seconds of CPU (10,000 layers over 1,250 × 4 stages: 1.7 s)."""
     costs, symbols = _slot_flops(spec)
     n, S = len(costs), pp * vpp
     if n < S:
         return None
     prefix = np.concatenate([[0.0], np.cumsum(costs)]) / sum(costs)  # normalised: squares stay O(1)
-    sq = (prefix[None, :] - prefix[:, None]) ** 2  # [i, j]: stage of slots i..j-1
-    sq[np.tril_indices(n + 1)] = np.inf  # a stage holds at least one slot
-    best = sq[0].copy()  # best[j]: first j slots in s stages
-    back = np.zeros((S, n + 1), dtype=np.int64)
+    cuts = _least_squares_cuts(prefix, S, max(costs) / sum(costs))
+    if cuts is None:
+        cuts = _target_cuts(prefix, S)
+    cuts = _balance_ranks(cuts, prefix, pp)
+    return ["".join(symbols[cuts[k]:cuts[k + 1]]) for k in range(S)]
+
+
+def _stage_window(prefix: np.ndarray, S: int, max_slot: float) -> np.ndarray:
+    """Per end boundary j, the first start boundary i a stage i..j-1 of a least-squares split can have.
+
+    In a split of least sum of squares, a stage of two or more slots costs at most 2T/S + c_max (T the
+    total, c_max the heaviest slot; here T = 1): with b the cheapest stage (c_b <= T/S) and d a neighbour
+    of b other than the stage a, merging b into d costs 2·c_b·c_d <= 2(T/S)(T/S + c_max) (two neighbours
+    differ by at most a boundary slot, else moving it lowers the sum), while cutting a in two at the slot
+    boundary nearest its middle saves 2pq >= (c_a^2 - c_max^2)/2; so c_a <= 2T/S + c_max. When a is b's
+    only neighbour, c_a <= c_b + c_max. The window allows 2T/S + 2·c_max, a whole slot of margin over
+    rounding, and any single slot."""
+    reach = prefix - (2.0 / S + 2.0 * max_slot) * (1.0 + 1e-9)
+    first = np.searchsorted(prefix, reach, side="left")
+    return np.minimum(first, np.maximum(np.arange(len(prefix)) - 1, 0))
+
+
+def _least_squares_cuts(prefix: np.ndarray, S: int, max_slot: float) -> list[int] | None:
+    """The stage boundaries of the least-sum-of-squares split of the slots into S non-empty stages, as
+    the full dynamic programme over every (start, end) pair finds them (the same float sums, the same
+    first minimum), but scoring only the starts ``_stage_window`` allows: the chosen split's stages all
+    lie inside it, so what is left out only ever lost. None when that would score more than
+    ``BALANCE_MAX_WORK`` triples."""
+    n = len(prefix) - 1
+    first = _stage_window(prefix, S, max_slot)
+    width = np.arange(n + 1) - first  # starts scored per end
+    span = n - S + 1  # the ends a stage can have: stage s ends in s+1 .. s+span
+    if S > 1 and (S - 1) * int(width[1:].max()) * span > BALANCE_MAX_WORK:
+        return None
+    best = (prefix[1:span + 1] - prefix[0]) ** 2  # best[j - 1]: first j slots in one stage, j = 1 .. span
+    # start of stage s ending at slot s + 1 + column, less its window's first start: < 65,536 for any spec
+    # the bounds accept (n <= 10,101 slots), so two bytes each
+    back = np.zeros((S, span), dtype=np.uint16 if n < 65_535 else np.int64)
     for stage in range(1, S):
-        total = best[:, None] + sq
-        back[stage] = np.argmin(total, axis=0)
-        best = total[back[stage], np.arange(n + 1)]
+        ends = np.arange(stage + 1, stage + 1 + span)
+        best, back[stage] = _stage_step(prefix, best, stage, ends, first)
     cuts, j = [n], n
     for stage in range(S - 1, 0, -1):
-        j = int(back[stage, j])
+        j = int(back[stage, j - stage - 1]) + int(_window_start(first, stage, j))
         cuts.append(j)
-    cuts = _balance_ranks([0] + cuts[::-1], prefix, pp)
-    return ["".join(symbols[cuts[k]:cuts[k + 1]]) for k in range(S)]
+    return [0] + cuts[::-1]
+
+
+def _stage_step(prefix: np.ndarray, prev: np.ndarray, stage: int, ends: np.ndarray,
+                first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One stage of the programme: for each end j, the least ``prev`` (the first j' slots in ``stage``
+    stages, indexed j' - stage) plus the square of stage j'..j-1, over the allowed starts j', in chunks
+    of at most ``BALANCE_CHUNK_ELEMENTS`` scored pairs; returns the minima and the first start reaching
+    each, less the first allowed start (``_window_start``)."""
+    lo = _window_start(first, stage, ends)  # a start leaves at least one slot per earlier stage
+    width = ends - lo
+    w = int(width.max())
+    step = max(1, BALANCE_CHUNK_ELEMENTS // max(w, 1))
+    out_best = np.empty(len(ends))
+    out_back = np.empty(len(ends), dtype=np.int64)
+    offsets = np.arange(w)
+    for a in range(0, len(ends), step):
+        e, l = ends[a:a + step], lo[a:a + step]
+        starts = l[:, None] + offsets[None, :]  # (chunk, w), starts beyond j - 1 masked
+        valid = starts < e[:, None]
+        starts = np.where(valid, starts, e[:, None] - 1)
+        total = prev[starts - stage] + (prefix[e][:, None] - prefix[starts]) ** 2
+        total[~valid] = np.inf
+        k = np.argmin(total, axis=1)
+        out_back[a:a + step] = k
+        out_best[a:a + step] = total[np.arange(len(e)), k]
+    return out_best, out_back
+
+
+def _window_start(first: np.ndarray, stage: int, ends):
+    """The first start a stage ``stage`` ending at ``ends`` may have: in its window, and leaving a slot for
+    each earlier stage."""
+    return np.maximum(first[ends], stage)
+
+
+def _target_cuts(prefix: np.ndarray, S: int) -> list[int]:
+    """The linear fallback of ``balanced_tokens`` for splits beyond its work bound: stage k ends at the slot
+    boundary nearest the prefix cost k/S, kept strictly increasing with room for the stages after it."""
+    n = len(prefix) - 1
+    near = np.searchsorted(prefix, np.arange(1, S) / S)
+    cuts = [0]
+    for k, j in enumerate(near.tolist(), start=1):
+        if j > 0 and abs(prefix[j - 1] - k / S) <= abs(prefix[min(j, n)] - k / S):
+            j -= 1
+        cuts.append(int(min(max(j, cuts[-1] + 1), n - (S - k))))
+    return cuts + [n]
 
 
 def _balance_ranks(cuts: list[int], prefix: np.ndarray, pp: int) -> list[int]:
@@ -253,9 +348,9 @@ def _balance_ranks(cuts: list[int], prefix: np.ndarray, pp: int) -> list[int]:
 
     stage_sq, rank_sq = costs(cuts)
     tol = 1e-12 * max(stage_sq, 1e-300)
-    improved = True
-    while improved:
-        improved = False
+    improved, sweeps = True, 0
+    while improved and sweeps < BALANCE_MAX_SWEEPS:
+        improved, sweeps = False, sweeps + 1
         for k in range(1, len(cuts) - 1):
             for step in (-1, 1):
                 moved = cuts[k] + step
@@ -369,7 +464,7 @@ class Memo(dict):
     """A dict of numpy results that forgets everything when it would pass ``max_entries`` entries or
     ``max_bytes`` bytes, and never keeps an entry above a sixteenth of them: the search asks for the
     same few thousand splits and replays again and again, while a long-lived server must not keep what
-    one request for a 10,000-stage pipeline built (issue 19: that memory was never given back)."""
+    one request for a 10,000-stage pipeline built (memory that was never given back)."""
 
     def __init__(self, max_entries: int, max_bytes: int):
         super().__init__()

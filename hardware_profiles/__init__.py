@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -17,6 +18,7 @@ from costmodel.spec import ClusterProfile
 
 HERE = Path(__file__).parent
 CALIBRATION_DIR = HERE / "calibration"
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
 class ProfileNotFound(LookupError):
@@ -35,6 +37,12 @@ def raw(name: str) -> dict:
 
 
 def calibration(name: str) -> dict | None:
+    """The fitted factors of profile ``name`` (``calibration/<name>.json``), None when it has none. ``name``
+    is a profile's name, never a path: a name with a separator or ``..`` (``calibrate_from`` in a profile
+    someone else wrote) would read any ``.json`` file the process can, so it is refused."""
+    if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name) or ".." in name:
+        raise ProfileNotFound(f"calibrate_from must name a cluster profile (letters, digits, '.', '_', '-'), "
+                              f"not a path; known: {', '.join(names())}")
     path = CALIBRATION_DIR / f"{name}.json"
     return json.loads(path.read_text()) if path.is_file() else None
 

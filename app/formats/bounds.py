@@ -87,6 +87,8 @@ def layout_problem(layout) -> str | None:
     if len(layout) > LAYOUT_MAX_CHARS:
         return f"is longer than {LAYOUT_MAX_CHARS:,} characters"
     text = re.sub(r"[\s,]", "", layout)
+    if re.search(r"\*\d{10,}", text):  # also keeps int() below Python's 4,300-digit conversion limit
+        return f"has a repeat count beyond any real layout (at most {LAYOUT_MAX_SYMBOLS:,} symbols in all)"
     pat = re.compile(r"\(([^()]*)\)\*(\d+)")
     size = len(text)
     for _ in range(100):

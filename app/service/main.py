@@ -32,6 +32,7 @@ from app.formats.errors import validation_message
 from app.service.core.config import Settings, get_settings
 from app.service.core.logging import RequestInfo, current_request, request_id_from
 from app.service.db.engine import get_sessionmaker, safe_url
+from app.service.hostile import SafeJSONResponse, body_problem
 from app.service.services.metrics import Metrics
 from costmodel.result import PARAPLAN_VERSION
 
@@ -70,8 +71,13 @@ TAGS = [
 ]
 
 
+async def replay_nothing():
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
 class BodyLimit:
-    """413 for a request body over ``max_bytes``: by its Content-Length, or counted as it streams."""
+    """413 for a request body over ``max_bytes``: by its Content-Length, or counted as it streams; 422 for
+    a JSON body with text no route may keep or echo (``app/service/hostile.py``)."""
 
     def __init__(self, app, max_bytes: int):
         self.app = app
@@ -107,6 +113,9 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body, sent = b"".join(chunks), False
+        if body and (problem := body_problem(body)) is not None:  # text no route may keep or echo (hostile.py)
+            await SafeJSONResponse(status_code=422, content={"detail": [problem]})(scope, replay_nothing, send)
+            return
 
         async def replay():
             nonlocal sent
@@ -210,8 +219,8 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
             app.state.worker = worker
             app.state.wake = worker.wake.set
             worker_thread = app.state.worker_thread = start_thread(worker)
-        # The threads that run the blocking routes: as many as the pool has connections for (issue 19: more
-        # threads than connections made requests wait for the pool, and time out as 500s).
+        # The threads that run blocking work: as many as the pool has connections for (more threads than
+        # connections would make requests wait for the pool, and time out).
         import anyio.to_thread
 
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
@@ -219,9 +228,13 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
         if worker_thread is not None:
             app.state.worker.stop()
             worker_thread.join(WORKER_JOIN_S)
+        executor = getattr(app.state, "db_executor", None)
+        if executor is not None:  # work not started is dropped; a thread on a frozen database is not waited for
+            executor.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="ParaPlan", version=PARAPLAN_VERSION, description=DESCRIPTION, openapi_tags=TAGS,
-                  docs_url=None, redoc_url=None, lifespan=lifespan)
+                  docs_url=None, redoc_url=None, lifespan=lifespan,
+                  default_response_class=SafeJSONResponse)
     app.state.settings = settings
     app.state.sessions = get_sessionmaker(settings.database_url)
     app.state.worker = None
@@ -252,14 +265,17 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
         errors = [{**e, "msg": validation_message(e)} for e in exc.errors()]  # NaN: "a finite number"
         detail = jsonable_encoder(errors, custom_encoder={
             bytes: lambda b: b.decode("utf-8", "replace"), float: lambda f: f if math.isfinite(f) else str(f)})
-        return JSONResponse(status_code=422, content={"detail": detail})
+        return SafeJSONResponse(status_code=422, content={"detail": detail})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         if exc.status_code == 400 and exc.detail == "There was an error parsing the body":  # not UTF-8 text
-            return JSONResponse(status_code=422, content={"detail": [{
+            return SafeJSONResponse(status_code=422, content={"detail": [{
                 "loc": ["body"], "msg": "the body is not JSON (not UTF-8 text)", "type": "json_invalid"}]})
-        return await http_exception_handler(request, exc)
+        if exc.status_code in (204, 304):
+            return await http_exception_handler(request, exc)
+        return SafeJSONResponse(status_code=exc.status_code, content={"detail": exc.detail},
+                                headers=getattr(exc, "headers", None))
 
     async def database_error(request: Request, exc: Exception) -> JSONResponse:
         """The database is away, frozen, full or out of connections: 503 with Retry-After and a JSON body,
@@ -279,9 +295,11 @@ def create_app(settings: Settings | None = None, *, run_worker: bool = False, mi
                                                  f"({type(exc).__name__}); retry in {DB_RETRY_AFTER_S} s",
                                                  "type": "database_unavailable"}]})
 
+    from app.service.api.deps import DatabaseTimeout
     from app.service.services.jobs import StudyNotDeleted
 
-    for cls in (DBAPIError, PoolTimeout, DisconnectionError, StudyNotDeleted, *_optuna_storage_errors()):
+    for cls in (DBAPIError, PoolTimeout, DisconnectionError, StudyNotDeleted, DatabaseTimeout,
+                *_optuna_storage_errors()):
         app.add_exception_handler(cls, database_error)
 
     @app.exception_handler(Exception)

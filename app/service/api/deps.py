@@ -1,4 +1,15 @@
-"""Dependencies of the routes: settings, a DB session per request, and the API key check.
+"""Dependencies of the routes: settings, database work per request (``in_db``, ``db_route``), and the API
+key check.
+
+Database work runs in the app's database threads (``PARAPLAN_API_THREADS`` of them, one pooled connection
+each) inside a session that is closed in the same thread before the route's answer is validated and sent:
+a request never holds a connection beyond its queries. Under FastAPI a plain ``def`` route validates its
+answer in a second thread-pool hop while the request's session (a ``yield`` dependency) still holds its
+connection, so a burst of reads could fill every thread with requests waiting for connections held by
+requests waiting for a thread, until the pool's timeout. Every wait is bounded too: a request whose database
+work has not finished within ``PARAPLAN_DB_REQUEST_TIMEOUT_S`` (queueing for a thread included) answers 503
+with ``Retry-After`` (``DatabaseTimeout``), whatever the database does (away, frozen, out of connections);
+work that had not started is dropped, and a thread held by a frozen database is freed when it answers.
 
 The key check compares the given key with every configured key, always all of them and in constant
 time, so that the answer's timing says nothing about how close a guess was or which key matched. Keys
@@ -9,7 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import AsyncIterator
+import asyncio
+import contextvars
+import functools
+import inspect
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 from fastapi import Depends, Request, Security
@@ -36,6 +52,62 @@ async def get_db(request: Request) -> AsyncIterator[Session]:
         yield session
     finally:
         session.close()
+
+
+class DatabaseTimeout(RuntimeError):
+    """A request's database work did not finish within its bound (503 with Retry-After)."""
+
+
+def db_executor(app) -> ThreadPoolExecutor:
+    """The app's database threads (created on first use, ``api_threads`` of them)."""
+    ex = getattr(app.state, "db_executor", None)
+    if ex is None:
+        ex = app.state.db_executor = ThreadPoolExecutor(app.state.settings.api_threads,
+                                                        thread_name_prefix="paraplan-db")
+    return ex
+
+
+async def in_db(request: Request, fn: Callable, *args, timeout_s: float | None = -1.0):
+    """``fn(db, *args)`` in a database thread with a session of its own, closed there when ``fn`` returns
+    (build the answer inside ``fn``: plain data, not rows). ``timeout_s`` (default the setting
+    ``db_request_timeout_s``; None: no bound) bounds the whole wait; past it, ``DatabaseTimeout``."""
+    app = request.app
+    bound = app.state.settings.db_request_timeout_s if timeout_s == -1.0 else timeout_s
+    sessions = app.state.sessions
+
+    def run():
+        with sessions() as db:
+            return fn(db, *args)
+
+    ctx = contextvars.copy_context()  # the request id reaches the thread's log lines
+    future = asyncio.wrap_future(db_executor(app).submit(ctx.run, run))
+    try:
+        return await asyncio.wait_for(future, bound)  # on timeout the work is cancelled if not started
+    except (TimeoutError, asyncio.TimeoutError):
+        raise DatabaseTimeout(f"no answer from the database within {bound:g} s") from None
+
+
+def db_route(timeout_s: float | None | Callable = -1.0):
+    """Make a route ``f(..., db: Session, ...)`` (written as a plain function) an ``async`` route that runs
+    ``f`` through ``in_db``: its parameters stay what FastAPI sees, less ``db`` (plus the request).
+    ``timeout_s``: as ``in_db``'s, or a function of the settings giving it."""
+    def wrap(f):
+        sig = inspect.signature(f, eval_str=True)  # resolved in f's module, not this one
+        params = [p for name, p in sig.parameters.items() if name != "db"]
+        own_request = "request" in sig.parameters
+        if not own_request:
+            params.append(inspect.Parameter("_request", inspect.Parameter.KEYWORD_ONLY, annotation=Request))
+
+        @functools.wraps(f)
+        async def route(**kw):
+            request = kw["request"] if own_request else kw.pop("_request")
+            bound = timeout_s(request.app.state.settings) if callable(timeout_s) else timeout_s
+            return await in_db(request, lambda db: f(db=db, **kw), timeout_s=bound)
+
+        del route.__wrapped__  # FastAPI reads the signature below, not f's
+        route.__signature__ = sig.replace(parameters=params)
+        return route
+    return wrap
 
 
 def _digest(key: str) -> bytes:

@@ -36,7 +36,7 @@ class Settings(BaseSettings):
                                                          "POST /v1/jobs is 429 (one shared count when the "
                                                          "server has no keys).")
 
-    # Database: timeouts and pool (issue 19). A database that is away or frozen answers 503 within these bounds
+    # Database: timeouts and pool. A database that is away or frozen answers 503 within these bounds
     # instead of holding requests; the pool has a connection for every thread that uses one at once.
     db_connect_timeout_s: int = Field(5, ge=1, le=300, description="Seconds to open a database connection "
                                                                    "(PostgreSQL connect_timeout).")
@@ -48,17 +48,21 @@ class Settings(BaseSettings):
                                                                      "connection.")
     api_threads: int = Field(16, ge=1, le=256, description="Threads that serve the API's blocking routes; the "
                                                            "connection pool holds this many plus the worker's.")
+    db_request_timeout_s: float = Field(10.0, gt=0, le=600, description="Longest a request waits for its "
+                                                                       "database work (a thread, a connection, "
+                                                                       "its queries); after it, 503 with "
+                                                                       "Retry-After.")
     ready_timeout_s: float = Field(2.0, gt=0, le=60, description="/readyz answers not ready when the database "
                                                                  "does not answer `SELECT 1` within this.")
 
-    # Heavy evaluates (issue 19): a deep pipeline's evaluate (more than 256 virtual stages) costs up to a few
+    # Heavy evaluates: a deep pipeline's evaluate (more than 256 virtual stages) costs up to a few
     # seconds of CPU and tens of MB; so many at once run that the API's memory stays bounded, the rest wait.
     max_heavy_evaluates: int = Field(2, ge=1, le=64, description="`POST /v1/evaluate` requests of more than 256 "
                                                                  "virtual stages scored at once; others wait.")
     heavy_wait_s: float = Field(30.0, gt=0, le=600, description="Longest wait of a heavy evaluate for its turn; "
                                                                 "after it, 503 with Retry-After.")
 
-    # Calibration (issue 14): a refit scores every measurement of the cluster once per candidate factor set
+    # Calibration: a refit scores every measurement of the cluster once per candidate factor set
     # (a population of candidates per call: tens of microseconds per candidate and run on one core), in the heavy turns above; these bound one refit's CPU time.
     max_calibration_evals: int = Field(8000, ge=10, le=100_000, description="Candidate factor sets a profile "
                                                                            "refit scores at most (its default "
@@ -84,7 +88,7 @@ class Settings(BaseSettings):
                                                    "in one look count once: a database outage is one loss).")
     embedded_worker: bool = Field(True, description="`paraplan serve` runs a worker thread beside the API.")
 
-    # Fair shares across API keys (issue 19; app/service/fair_share.py).
+    # Fair shares across API keys (app/service/fair_share.py).
     max_workers_per_key: int = Field(0, ge=0, description="Workers one API key's jobs hold at once (0: no cap).")
     max_running_jobs_per_key: int = Field(0, ge=0, description="Jobs of one API key running at once (0: no cap).")
     fair_yield_s: float = Field(3.0, gt=0, le=3600, description="A queued job of another key that has waited this "

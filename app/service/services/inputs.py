@@ -55,6 +55,19 @@ def _check_base(value: dict, field: str, known: frozenset[str], what: str) -> No
         raise invalid(["body", field, "base"], f"unknown {what} {base!r}; known: {', '.join(sorted(known))}")
 
 
+MAX_NAME_CHARS = 200
+
+
+def _check_calibrate_from(value: dict) -> None:
+    """A request's ``calibrate_from`` names a shipped profile, never a file: anything else is one 422 that
+    does not echo the value and reads nothing, so it says nothing of the server's files."""
+    name = value.get("calibrate_from")
+    if name is not None and (not isinstance(name, str) or name not in cluster_names()):
+        raise invalid(["body", "cluster", "calibrate_from"], "must name a shipped cluster profile (a request "
+                                                             "never names a file); known: "
+                                                             f"{', '.join(sorted(cluster_names()))}")
+
+
 def resolve_model(value: str | dict, seq_length: int | None = None) -> ModelSpec:
     if isinstance(value, str):
         if value not in model_names():
@@ -78,12 +91,15 @@ def resolve_cluster(value: str | dict) -> ClusterProfile:
                           f"unknown cluster profile {value!r}; known: {', '.join(sorted(cluster_names()))}")
         return named_cluster(value)
     _check_base(value, "cluster", cluster_names(), "cluster profile")
+    _check_calibrate_from(value)
     try:
         profile = load_cluster(value)
     except InputError as exc:
         raise _from_input_error(exc) from None
     except Exception as exc:  # noqa: BLE001
         raise invalid(["body", "cluster"], f"not a valid cluster profile ({exc})") from None
+    if len(profile.name) > MAX_NAME_CHARS:  # the jobs table keeps the cluster's name in 200 characters
+        raise invalid(["body", "cluster", "name"], f"at most {MAX_NAME_CHARS} characters", "string_too_long")
     for key in ("peak_bf16_tflops", "memory_gib", "devices_per_node", "scale_up_domain"):
         if key in profile.facts:
             v = profile.fact(key)

@@ -7,12 +7,16 @@ Counted as requests are answered (by the request middleware, ``app/service/main.
   template (``/v1/jobs/{job_id}``), never the raw path, so that the number of series stays bounded
   whatever clients send; a path no route matches is ``other``, and so is an unusual method.
 
-Read from the database at scrape time (``DatabaseCollector``):
+Read from the database at scrape time (``DatabaseCollector``), scoped to the caller's API key (a key sees
+its own jobs' counts, never another key's; without keys every caller shares one scope):
 
-* ``paraplan_jobs{status}``: jobs by status, every status (0 included).
-* ``paraplan_trials_done``: finished trials of the running jobs (the sum of their progress).
+* ``paraplan_jobs{status}``: the caller's jobs by status, every status (0 included).
+* ``paraplan_trials_done``: finished trials of the caller's running jobs (the sum of their progress).
 * ``paraplan_trials_per_second``: Optuna trials completed in the last 60 s, over all jobs, / 60, read from
-  Optuna's own ``trials`` table (0 until a sampler job has made it).
+  Optuna's own ``trials`` table (0 until a sampler job has made it): one service-wide figure, which names
+  no key.
+
+The HTTP counter and histogram are service-wide too (methods, statuses and route templates, no keys).
 """
 
 from __future__ import annotations
@@ -41,38 +45,40 @@ class Metrics:
     """One app's registry: the HTTP counter and histogram, and the database collector. A registry per app
     (not prometheus_client's global one) so that several apps in one process keep separate counts."""
 
-    def __init__(self, sessions: sessionmaker[Session]):
+    def __init__(self, sessions: sessionmaker[Session] | None = None):
         self.registry = CollectorRegistry()
         self.requests = Counter("paraplan_http_requests", "HTTP requests answered, by method and status.",
                                 ["method", "status"], registry=self.registry)
         self.latency = Histogram("paraplan_http_request_duration_seconds",
                                  "Time to answer an HTTP request, by method and route template.",
                                  ["method", "route"], buckets=BUCKETS, registry=self.registry)
-        self.registry.register(DatabaseCollector(sessions))
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         method = method if method in METHODS else "other"  # a client chooses the method: bound the labels
         self.requests.labels(method, str(status)).inc()
         self.latency.labels(method, route).observe(seconds)
 
-    def exposition(self) -> bytes:
-        """The Prometheus text format (``CONTENT_TYPE_LATEST``); queries the database."""
-        return generate_latest(self.registry)
+    def exposition(self, db: Session, scope: str) -> bytes:
+        """The Prometheus text format (``CONTENT_TYPE_LATEST``): the HTTP metrics and the database gauges of
+        ``scope`` (the caller's key hash), read with ``db``."""
+        scoped = CollectorRegistry()
+        scoped.register(DatabaseCollector(db, scope))
+        return generate_latest(self.registry) + generate_latest(scoped)
 
 
 class DatabaseCollector:
-    """The job and trial gauges, read from the database each time the registry is collected."""
+    """The job and trial gauges of one API key's scope, read from the database when collected."""
 
-    def __init__(self, sessions: sessionmaker[Session]):
-        self.sessions = sessions
+    def __init__(self, db: Session, scope: str):
+        self.db, self.scope = db, scope
 
     def describe(self):
         # Names only: without ``describe`` the registry would query the database when registering this.
         return [_jobs_family(), _trials_done_family(), _trials_rate_family()]
 
     def collect(self):
-        with self.sessions() as db:
-            counts, done, rate = jobs_by_status(db), running_trials_done(db), trials_per_second(db)
+        db = self.db
+        counts, done, rate = jobs_by_status(db, self.scope), running_trials_done(db, self.scope), trials_per_second(db)
         jobs = _jobs_family()
         for status in (*STATUSES, *sorted(set(counts) - set(STATUSES))):
             jobs.add_metric([status], counts.get(status, 0))
@@ -82,12 +88,12 @@ class DatabaseCollector:
 
 
 def _jobs_family() -> GaugeMetricFamily:
-    return GaugeMetricFamily("paraplan_jobs", "Jobs in the database by status.", labels=["status"])
+    return GaugeMetricFamily("paraplan_jobs", "The caller's jobs by status.", labels=["status"])
 
 
 def _trials_done_family(value: float | None = None) -> GaugeMetricFamily:
-    return GaugeMetricFamily("paraplan_trials_done", "Finished trials of the running jobs (their progress, "
-                                                     "summed).", value=value)
+    return GaugeMetricFamily("paraplan_trials_done", "Finished trials of the caller's running jobs (their "
+                                                     "progress, summed).", value=value)
 
 
 def _trials_rate_family(value: float | None = None) -> GaugeMetricFamily:
@@ -95,13 +101,19 @@ def _trials_rate_family(value: float | None = None) -> GaugeMetricFamily:
                                                            "jobs, per second.", value=value)
 
 
-def jobs_by_status(db: Session) -> dict[str, int]:
-    return {s: int(n) for s, n in db.execute(sa.select(Job.status, sa.func.count()).group_by(Job.status)).all()}
+def jobs_by_status(db: Session, scope: str | None = None) -> dict[str, int]:
+    """Jobs by status: of ``scope`` (an owner), or of every owner (None)."""
+    q = sa.select(Job.status, sa.func.count()).group_by(Job.status)
+    if scope is not None:
+        q = q.where(Job.owner == scope)
+    return {s: int(n) for s, n in db.execute(q).all()}
 
 
-def running_trials_done(db: Session) -> int:
-    return int(db.scalar(sa.select(sa.func.coalesce(sa.func.sum(Job.trials_done), 0))
-                         .where(Job.status == "running")) or 0)
+def running_trials_done(db: Session, scope: str | None = None) -> int:
+    q = sa.select(sa.func.coalesce(sa.func.sum(Job.trials_done), 0)).where(Job.status == "running")
+    if scope is not None:
+        q = q.where(Job.owner == scope)
+    return int(db.scalar(q) or 0)
 
 
 def trials_per_second(db: Session, window_s: float = TRIALS_WINDOW_S) -> float:

@@ -1,4 +1,4 @@
-"""A team's measured runs of a shipped cluster and the profile versions refitted on them (issue 14).
+"""A team's measured runs of a shipped cluster and the profile versions refitted on them.
 
 Measurements are validated as a published run is (``app.formats.validation.parse_run``, after the
 API's own rules on models and configs: a string is a preset name, never a server path; sizes within
@@ -25,6 +25,7 @@ from app.formats.calibration import published_runs, refit, score_problem
 from app.formats.errors import InputError
 from app.formats.validation import Run, parse_run
 from app.service.db.models import Measurement, ProfileVersion
+from app.service.hostile import clean
 from costmodel import ClusterProfile
 
 from .errors import field_loc, http_error, invalid
@@ -86,7 +87,8 @@ def add_measurement(db: Session, owner: str, cluster: str, run: dict, cap: int) 
 
 
 def measurement_out(row: Measurement) -> dict:
-    return {"id": row.id, "cluster": row.cluster_name, "created_at": row.created_at, "run": row.run}
+    # clean: a run stored before bodies were checked may hold lone surrogates (app/service/hostile.py)
+    return {"id": row.id, "cluster": row.cluster_name, "created_at": row.created_at, "run": clean(row.run)}
 
 
 def list_measurements(db: Session, owner: str, cluster: str, limit: int, offset: int) -> tuple[list, int]:

@@ -2,7 +2,7 @@
 
 The service layer owns both: ``services/jobs.py`` deletes a job's study, ``services/report.py`` reads
 its history and the worker (``app/service/worker.py``) runs the search on it; each imports them from
-here, so neither ``services`` nor the worker imports the other (issue 15: jobs.py and worker.py used to).
+here, so neither ``services`` nor the worker imports the other (an import cycle otherwise).
 """
 
 from __future__ import annotations

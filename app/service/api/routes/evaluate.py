@@ -9,9 +9,8 @@ import logging
 from fastapi import APIRouter, Depends, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from sqlalchemy.orm import Session
 
-from app.service.api.deps import api_scope, get_db, get_settings
+from app.service.api.deps import api_scope, get_settings, in_db
 from app.service.core.config import Settings
 from app.service.schemas.common import AUTH_ERRORS, BODY_ERRORS, error_doc, header_doc
 from app.service.schemas.evaluate import EvaluateRequest
@@ -67,19 +66,19 @@ async def heavy_turn(app, settings: Settings, loc: tuple = ("body", "config"),
                                      "within 30 s; retry later", "busy",
                  headers={"Retry-After": header_doc("Seconds to wait before retrying.", "5")})})
 async def evaluate(body: EvaluateRequest, request: Request, settings: Settings = Depends(get_settings),
-                   scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
+                   scope: str = Depends(api_scope)) -> dict:
     if body.devices > settings.max_devices:
         raise invalid(["body", "devices"], f"at most {settings.max_devices:,} devices", "less_than_equal")
     spec = resolve_model(body.model, body.seq_length)
     # A profile version ("name@n") is read from the database, in the thread pool (no database I/O on the loop).
-    profile = await run_in_threadpool(resolve_cluster_for, db, scope, body.cluster) \
+    profile = await in_db(request, resolve_cluster_for, scope, body.cluster) \
         if isinstance(body.cluster, str) and "@" in body.cluster else resolve_cluster(body.cluster)
     check_stages(spec, body.config.get("pp"), body.config.get("vpp"), ["body", "config"])
     cfg = resolve_config(body.config)
     check_config_for(spec, cfg)
     # One config takes a few milliseconds: scored on the event loop, which is faster under load than a
     # thread hop. A deep pipeline (many virtual stages) costs up to seconds and goes to the thread pool,
-    # a few at a time (issue 19: 40 of them at once took 21 GB).
+    # a few at a time (40 of them at once took 21 GB).
     stages = cfg.pp * cfg.vpp
     try:
         if stages <= INLINE_STAGES:
@@ -93,7 +92,7 @@ async def evaluate(body: EvaluateRequest, request: Request, settings: Settings =
         log.exception("evaluate failed")
         raise invalid(["body", "config"], f"cannot be evaluated ({type(exc).__name__}: {exc})") from None
     # A degenerate profile (a peak of 1e-308) gives null times on a "feasible" config: a 422 naming the fact
-    # to blame (issue 19), not a 200 with nulls.
+    # to blame, not a 200 with nulls.
     try:
         return check_finite(result, profile)
     except InputError as exc:

@@ -1,7 +1,7 @@
 """`/healthz` (liveness, open), `/readyz` (readiness: the database answers; open) and `/metrics`
 (Prometheus text; needs a key when keys are set).
 
-Liveness and readiness are apart (issue 19): `/healthz` says the process serves requests and touches no
+Liveness and readiness are apart: `/healthz` says the process serves requests and touches no
 database, so an orchestrator does not restart a healthy server because its database is away; `/readyz`
 runs `SELECT 1` on a thread of its own, bounded by ``PARAPLAN_READY_TIMEOUT_S``, and answers 503 "not
 ready" when the database fails or does not answer in time (a frozen database holds that one thread, never
@@ -11,6 +11,7 @@ the event loop; checks arriving meanwhile share the pending one).
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -19,12 +20,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 from sqlalchemy import text
 
-from app.service.api.deps import api_scope
+from app.service.api.deps import api_scope, in_db
 from app.service.schemas.common import AUTH_ERRORS
 from app.service.services.metrics import CONTENT_TYPE_LATEST
 from costmodel.result import PARAPLAN_VERSION
 
 router = APIRouter(tags=["service"])
+log = logging.getLogger("paraplan.api")
 
 
 class Health(BaseModel):
@@ -84,8 +86,9 @@ def _ready_future(app) -> Future:
 
 @router.get("/readyz", response_model=Ready, summary="Readiness: the database answers",
             description="`SELECT 1` on the service database within `PARAPLAN_READY_TIMEOUT_S` (2 s): 200 "
-                        "`ready`, else 503 `not ready` with the reason and a `Retry-After` header. Route "
-                        "traffic by this; restart by `/healthz`.",
+                        "`ready`, else 503 `not ready` (`database`: `unavailable` or `no answer within 2 s`, "
+                        "never the driver's message) and a `Retry-After` header. Open: it reveals only whether "
+                        "the database answers and the version. Route traffic by this; restart by `/healthz`.",
             responses={503: {"model": Ready, "description": "The database failed or did not answer in time.",
                              "headers": {"Retry-After": {"description": "Seconds to wait.",
                                                          "schema": {"type": "string"}}}}})
@@ -94,19 +97,26 @@ async def readyz(request: Request):
     try:
         await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(_ready_future(request.app))), timeout)
     except Exception as exc:  # noqa: BLE001 - any failure (or the timeout) means not ready
-        reason = (f"no answer within {timeout:g} s" if isinstance(exc, (TimeoutError, asyncio.TimeoutError))
-                  else f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+        # An open route: the reason is one of two fixed phrases. The driver's text (host, port, user,
+        # database name) goes to the server log only.
+        timed_out = isinstance(exc, (TimeoutError, asyncio.TimeoutError))
+        reason = f"no answer within {timeout:g} s" if timed_out else "unavailable"
+        if not timed_out:
+            log.warning("readiness check failed: %s: %s", type(exc).__name__,
+                        str(exc).splitlines()[0][:300] if str(exc) else "")
         return JSONResponse(status_code=503, headers={"Retry-After": "5"},
                             content={"status": "not ready", "database": reason, "version": PARAPLAN_VERSION})
     return {"status": "ready", "database": "ok", "version": PARAPLAN_VERSION}
 
 
 @router.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics",
-            description="Prometheus text format: `paraplan_jobs{status}`, `paraplan_trials_done`, "
-                        "`paraplan_trials_per_second` (read from the database now), "
+            description="Prometheus text format: the caller's `paraplan_jobs{status}` and `paraplan_trials_done` "
+                        "(its own jobs only), the service-wide `paraplan_trials_per_second` (read from the "
+                        "database now), "
                         "`paraplan_http_requests_total{method,status}` and the latency histogram "
                         "`paraplan_http_request_duration_seconds{method,route}` (`route` is the route's template).",
-            dependencies=[Depends(api_scope)], responses=AUTH_ERRORS)
-def metrics(request: Request) -> Response:
-    # a plain ``def``: collecting queries the database, so it runs in the thread pool
-    return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+            responses=AUTH_ERRORS)
+async def metrics(request: Request, scope: str = Depends(api_scope)) -> Response:
+    # collecting queries the database: in a database thread, bounded as every request's database work
+    body = await in_db(request, request.app.state.metrics.exposition, scope)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -1,10 +1,11 @@
 """`/v1/jobs`: submit a search, follow it, read its ranked configs, cancel or delete it.
 
-Every route here but ``submit`` is a plain ``def`` and runs in the thread pool (``submit`` takes its
-Idempotency-Key slot on the event loop and creates the job in the pool): none does blocking database
-I/O on the event loop, so a frozen or unreachable database holds those threads (``PARAPLAN_API_THREADS``,
-one pooled connection each; every wait bounded by the engine's timeouts, then 503) while `/healthz`,
-`/readyz` and `/v1/evaluate` keep answering (issue 19; the reads of one job used to run on the loop).
+Every route's database work runs in the database threads with a session closed there before the answer
+is sent (``db_route``, ``in_db`` in ``app/service/api/deps.py``): none does blocking database I/O on the
+event loop or holds a connection beyond its queries, and each answers 503 with Retry-After when its
+database work does not finish within ``PARAPLAN_DB_REQUEST_TIMEOUT_S`` (DELETE: that plus the lease it may
+wait out), so a frozen or unreachable database never holds a request, while `/healthz`, `/readyz` and
+`/v1/evaluate` keep answering. ``submit`` takes its Idempotency-Key slot on the event loop first.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from app.service.api.deps import api_scope, get_db, get_settings
+from app.service.api.deps import api_scope, db_route, get_settings, in_db
 from app.service.core.config import Settings
 from app.service.schemas.common import (AUTH_ERRORS, BODY_ERRORS, MAX_OFFSET, MAX_PAGE_SIZE, NOT_FOUND, QUERY_ERRORS,
                                 TOO_LARGE, error_doc, header_doc, text_route)
@@ -77,13 +78,18 @@ async def submit(request: Request, response: Response,
                  idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200,
                                                                description="Makes retries safe: same key and "
                                                                            "body, same job.")] = None,
-                 scope: str = Depends(api_scope), db: Session = Depends(get_db),
-                 settings: Settings = Depends(get_settings)) -> dict:
-    # The one route on the event loop here, and only for the Idempotency-Key slot (no database): a duplicate
-    # of a request still being created is a 409 at once; the creation itself runs in the thread pool.
+                 scope: str = Depends(api_scope), settings: Settings = Depends(get_settings)) -> dict:
+    # The Idempotency-Key slot is taken on the event loop (no database): a duplicate of a request still being
+    # created is a 409 at once. Then the database checks and the insert run as bounded database work, and
+    # the inputs are resolved between them in the thread pool: that is CPU work (the search space is built),
+    # which the database bound must not cut short and which holds no connection.
     with service.idempotency_slot(scope, idempotency_key):
-        job, replayed, out = await run_in_threadpool(_submit, db, body, settings, scope, idempotency_key)
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
+        replay, profile = await in_db(request, _admit, body, settings, scope, idempotency_key)
+        if replay is None:
+            fields = await run_in_threadpool(service.prepare, body, settings, profile)
+            replay = await in_db(request, _store, body, fields, scope, idempotency_key)
+        job_id, replayed, out = replay
+    response.headers["Location"] = f"/v1/jobs/{job_id}"
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     else:
@@ -93,17 +99,27 @@ async def submit(request: Request, response: Response,
     return out
 
 
-def _submit(db: Session, body: JobCreate, settings: Settings, scope: str, idempotency_key: str | None):
-    job, replayed = service.create_in_slot(db, body, settings, scope, idempotency_key)
-    return job, replayed, _out(db, job)
+def _admit(db: Session, body: JobCreate, settings: Settings, scope: str, idempotency_key: str | None):
+    """(the replayed job's answer, None) for a replayed Idempotency-Key, else (None, the profile version the
+    body names or None)."""
+    existing, profile = service.admit(db, body, settings, scope, idempotency_key)
+    if existing is not None:
+        return (existing.id, True, _out(db, existing)), None
+    return None, profile
+
+
+def _store(db: Session, body: JobCreate, fields: dict, scope: str, idempotency_key: str | None):
+    job, replayed = service.store(db, body, fields, scope, idempotency_key)
+    return job.id, replayed, _out(db, job)
 
 
 @router.get("", response_model=JobPage, summary="List jobs", description="Newest first.",
             responses=QUERY_ERRORS)
+@db_route()
 def list_jobs(status: Annotated[Status | None, Query(description="Only jobs in this status.")] = None,
               limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 50,
               offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
-              scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
+              scope: str = Depends(api_scope), db: Session = None) -> dict:
     rows, total = service.list_jobs(db, status, limit, offset, owner=scope)
     best = service.best_of(db, rows)
     return {"items": [service.to_out(j, best.get(j.id)) for j in rows], "total": total, "limit": limit,
@@ -112,13 +128,15 @@ def list_jobs(status: Annotated[Status | None, Query(description="Only jobs in t
 
 @router.get("/{job_id}", response_model=JobOut, summary="One job: status, progress, best config, inputs",
             responses=NOT_FOUND)
-def get_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
+@db_route()
+def get_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = None) -> dict:
     return _out(db, service.get(db, job_id, owner=scope))
 
 
 @router.get("/{job_id}/configs", response_model=ConfigPage, summary="The job's ranked configs",
             description="Rank 1 first (or sorted by `sort`), each with its full evaluation. Empty until the job "
                         "has succeeded.", responses={**NOT_FOUND, **QUERY_ERRORS})
+@db_route()
 def get_configs(job_id: JobId,
                 limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 50,
                 offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
@@ -130,7 +148,7 @@ def get_configs(job_id: JobId,
                 max_peak_gib: Annotated[float | None, Query(gt=0, le=1_048_576, description="Only configs whose "
                                                                                          "peak memory (GiB) is "
                                                                                          "at most this.")] = None,
-                scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
+                scope: str = Depends(api_scope), db: Session = None) -> dict:
     service.exists(db, job_id, owner=scope)
     items, total = service.configs(db, job_id, limit, offset, sort, min_mfu, max_peak_gib,
                                    service.margin_of(db, job_id))
@@ -143,10 +161,11 @@ def get_configs(job_id: JobId,
                         "`top_k`), its full evaluation, how many variants of the layout fit (`variants`) and whether "
                         "it keeps the memory margin. Empty until the job has succeeded, and for jobs from before "
                         "layouts were recorded.", responses={**NOT_FOUND, **QUERY_ERRORS})
+@db_route()
 def get_layouts(job_id: JobId,
                       limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 50,
                       offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
-                      scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
+                      scope: str = Depends(api_scope), db: Session = None) -> dict:
     service.exists(db, job_id, owner=scope)
     items, total = service.layouts(db, job_id, limit, offset)
     return {"items": items, "total": total, "limit": limit, "offset": offset}
@@ -156,7 +175,8 @@ def get_layouts(job_id: JobId,
              description="A queued or running job becomes `cancelled` at once (a running search stops within "
                          "about a second); a finished job is returned unchanged.",
              responses={**NOT_FOUND, **TOO_LARGE})
-def cancel_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
+@db_route()
+def cancel_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = None) -> dict:
     return _out(db, service.cancel(db, service.get(db, job_id, owner=scope)))
 
 
@@ -166,7 +186,8 @@ def cancel_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = Dep
                            "and it. 503 with `Retry-After` when the database fails meanwhile (the job stays "
                            "`cancelled`; retry the DELETE).",
                responses=NOT_FOUND)
-def delete_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = Depends(get_db),
+@db_route(lambda s: s.db_request_timeout_s + s.lease_s)
+def delete_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = None,
                settings: Settings = Depends(get_settings)) -> Response:
     service.remove(db, service.get(db, job_id, owner=scope), settings.database_url,
                    stop_within_s=settings.lease_s)
@@ -185,7 +206,8 @@ def delete_job(job_id: JobId, scope: str = Depends(api_scope), db: Session = Dep
                                      409: error_doc("The job has not succeeded (queued, running, failed or "
                                                     "cancelled).", ["path", "job_id"], "job 0b5c8c52-... is running: "
                                                     "a report needs a succeeded job", "job_not_succeeded")})})
-def get_report(job_id: JobId, scope: str = Depends(api_scope), db: Session = Depends(get_db),
+@db_route()
+def get_report(job_id: JobId, scope: str = Depends(api_scope), db: Session = None,
                settings: Settings = Depends(get_settings)) -> Response:
     from app.formats.report import render_report
     from app.service.services.report import job_result

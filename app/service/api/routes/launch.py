@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from sqlalchemy.orm import Session
 
-from app.service.api.deps import api_scope, get_db
+from app.service.api.deps import api_scope, db_route
 from app.formats.launch import ENV_HEADER, InexpressibleError, format_args, launch_args, launch_env
 from app.service.schemas.common import AUTH_ERRORS, error_doc, text_route
 from app.service.schemas.jobs import MAX_TOP_K
@@ -41,11 +41,12 @@ LAUNCH_ERRORS = text_route({
             responses={200: {"content": {"text/plain": {"example": "--tensor-model-parallel-size 8 \\\n"
                                                                    "--pipeline-model-parallel-size 16 \\\n..."}}},
                        **LAUNCH_ERRORS})
+@db_route()
 def launch(job_id: Annotated[str, Path(description="The job's UUID.")],
            rank: Annotated[int, Path(ge=1, le=MAX_TOP_K, description="The config's rank (1 = best).")],
            format: Annotated[Literal["megatron", "mindspeed"],  # noqa: A002 - the query parameter's name
                              Query(description="Training framework.")] = "megatron",
-           scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> PlainTextResponse:
+           scope: str = Depends(api_scope), db: Session = None) -> PlainTextResponse:
     job = service.get(db, job_id, owner=scope)  # another key's job is a 404 like an unknown one
     row = service.ranked_config(db, job, rank)
     spec = ModelSpec.model_validate(job.model_spec)

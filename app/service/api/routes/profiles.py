@@ -1,7 +1,8 @@
 """`/v1/clusters/{name}/measurements` and `/v1/clusters/{name}/versions`: a team's measured runs of a
-shipped cluster, and the profile versions refitted on them (issue 14). Thin: the work is in
-``app/service/services/profiles.py``. Database reads and writes run in the thread pool (plain ``def``
-routes); the refit runs there too, inside one of the heavy turns that also bound deep evaluates."""
+shipped cluster, and the profile versions refitted on them. Thin: the work is in
+``app/service/services/profiles.py``. Database reads and writes run in the database threads with a
+session closed there before the answer is sent (``db_route``); the refit runs there too, inside one of
+the heavy turns that also bound deep evaluates."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
-from app.service.api.deps import api_scope, get_db, get_settings
+from app.service.api.deps import api_scope, db_route, get_settings, in_db
 from app.service.api.routes.evaluate import heavy_turn
 from app.service.core.config import Settings
 from app.service.schemas.common import (AUTH_ERRORS, BODY_ERRORS, MAX_OFFSET, MAX_PAGE_SIZE, QUERY_ERRORS, TOO_LARGE,
@@ -47,8 +47,9 @@ BUSY = {503: error_doc("No heavy turn came free in time (shared with deep-pipeli
                          "as a published run is, and scorable on the cluster (422 naming the field otherwise). "
                          "Owned by the API key that posts it.",
              responses={**BODY_ERRORS, 404: UNKNOWN_CLUSTER})
+@db_route()
 def add_measurement(name: ClusterName, body: MeasurementIn, scope: str = Depends(api_scope),
-                    db: Session = Depends(get_db), settings: Settings = Depends(get_settings)) -> dict:
+                    db: Session = None, settings: Settings = Depends(get_settings)) -> dict:
     service.check_cluster(name)
     run = service.checked_run(name, body.model_dump(mode="json", exclude_unset=True))
     return service.measurement_out(service.add_measurement(db, scope, name, run, settings.max_measurements))
@@ -56,9 +57,10 @@ def add_measurement(name: ClusterName, body: MeasurementIn, scope: str = Depends
 
 @router.get("/measurements", response_model=MeasurementPage, summary="The caller's measured runs of this cluster",
             description="Oldest first.", responses={**QUERY_ERRORS, 404: UNKNOWN_CLUSTER})
+@db_route()
 def list_measurements(name: ClusterName, limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 50,
                       offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
-                      scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
+                      scope: str = Depends(api_scope), db: Session = None) -> dict:
     service.check_cluster(name)
     rows, total = service.list_measurements(db, scope, name, limit, offset)
     return {"items": [service.measurement_out(r) for r in rows], "total": total, "limit": limit, "offset": offset}
@@ -66,8 +68,9 @@ def list_measurements(name: ClusterName, limit: Annotated[int, Query(ge=1, le=MA
 
 @router.get("/measurements/{measurement_id}", response_model=MeasurementOut, summary="One measured run",
             responses=NO_MEASUREMENT)
+@db_route()
 def get_measurement(name: ClusterName, measurement_id: MeasurementId, scope: str = Depends(api_scope),
-                    db: Session = Depends(get_db)) -> dict:
+                    db: Session = None) -> dict:
     service.check_cluster(name)
     return service.measurement_out(service.get_measurement(db, scope, name, measurement_id))
 
@@ -75,8 +78,9 @@ def get_measurement(name: ClusterName, measurement_id: MeasurementId, scope: str
 @router.delete("/measurements/{measurement_id}", status_code=204, response_class=Response,
                summary="Delete a measured run", description="Versions fitted on it keep what they were fitted on.",
                responses=NO_MEASUREMENT)
+@db_route()
 def delete_measurement(name: ClusterName, measurement_id: MeasurementId, scope: str = Depends(api_scope),
-                       db: Session = Depends(get_db)) -> Response:
+                       db: Session = None) -> Response:
     service.check_cluster(name)
     service.delete_measurement(db, scope, name, measurement_id)
     return Response(status_code=204)
@@ -96,22 +100,22 @@ def delete_measurement(name: ClusterName, measurement_id: MeasurementId, scope: 
                                        "/v1/clusters/ascend-910b/measurements first", "no_measurements")})
 async def create_version(name: ClusterName, request: Request,
                          body: Annotated[VersionCreate | None, Body()] = None,
-                         scope: str = Depends(api_scope), db: Session = Depends(get_db),
-                         settings: Settings = Depends(get_settings)) -> dict:
+                         scope: str = Depends(api_scope), settings: Settings = Depends(get_settings)) -> dict:
     service.check_cluster(name)
     max_evals = min((body.max_evals if body else None) or settings.max_calibration_evals,
                     settings.max_calibration_evals)
     async with heavy_turn(request.app, settings, ("path", "name"), "heavy requests (deep evaluates, profile refits)"):
-        row = await run_in_threadpool(service.create_version, db, scope, name, max_evals,
-                                     settings.max_calibration_run_evals)
-    return service.version_out(row)
+        # the refit is CPU work of up to a minute (bounded by its evaluation caps), so no request bound here
+        return await in_db(request, lambda db: service.version_out(service.create_version(
+            db, scope, name, max_evals, settings.max_calibration_run_evals)), timeout_s=None)
 
 
 @router.get("/versions", response_model=VersionList, summary="The cluster's profile versions",
             description="Version 0 (the shipped profile) and the caller's versions, oldest first, each with its fit's "
                         "figures (without the full profile: `GET .../versions/{number}`).",
             responses={404: UNKNOWN_CLUSTER})
-def list_versions(name: ClusterName, scope: str = Depends(api_scope), db: Session = Depends(get_db)) -> dict:
+@db_route()
+def list_versions(name: ClusterName, scope: str = Depends(api_scope), db: Session = None) -> dict:
     service.check_cluster(name)
     items = service.list_versions(db, scope, name)
     return {"items": items, "total": len(items)}
@@ -119,8 +123,9 @@ def list_versions(name: ClusterName, scope: str = Depends(api_scope), db: Sessio
 
 @router.get("/versions/{number}", response_model=VersionDetail, summary="One profile version, with the full profile",
             responses={**NO_VERSION, **QUERY_ERRORS})
+@db_route()
 def get_version(name: ClusterName, number: Number, scope: str = Depends(api_scope),
-                db: Session = Depends(get_db)) -> dict:
+                db: Session = None) -> dict:
     service.check_cluster(name)
     return service.get_version(db, scope, name, number)
 
@@ -133,8 +138,9 @@ def get_version(name: ClusterName, number: Number, scope: str = Depends(api_scop
                        **text_route({**NO_VERSION, 409: error_doc("Version 0 is the shipped profile: nothing was "
                                                                   "fitted.", ["path", "number"],
                                                                   "version 0 is the shipped profile", "no_fit")})})
+@db_route()
 def get_report(name: ClusterName, number: Number, scope: str = Depends(api_scope),
-               db: Session = Depends(get_db)) -> Response:
+               db: Session = None) -> Response:
     from app.formats.calibration_report import render_calibration_report
 
     service.check_cluster(name)
