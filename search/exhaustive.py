@@ -4,16 +4,25 @@ It keeps the best configs and the counts, not a record per config, so memory sta
 the space; it is the ground truth wherever the space can be enumerated. What it keeps is every config
 ranked ahead of (or at) the best config of the K-th best parallel layout: that holds the top K configs,
 the best config of each of the top K layouts, and their exact ranks.
+
+Most of a large space cannot reach that cut, and the engine decides it without scoring it: one config per
+layout row (its layout, split and micro-batch) scored with the options that make a step shortest (no
+recompute, no offload, every overlap on) bounds the throughput of all its options from above
+(``_row_bounds``); once the kept configs hold K layouts, rows whose bound is below the cut are counted as
+pruned. The rows with the highest bounds are scored first, so the cut is known early. Scoring the rest in
+any order gives the same kept set (``_Kept.merge``), so the result equals a plain full scan's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import numpy as np
 
-from costmodel import evaluate_batch
+from costmodel import evaluate_batch, stragglers
+from costmodel.batch import NO_VALUE
+from costmodel.hardware import Hardware
 
 from .space import SearchSpace
 
@@ -104,28 +113,57 @@ def _layout_codes(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
     return shapes, inverse.ravel()
 
 
+def _row_bounds(space: SearchSpace) -> np.ndarray:
+    """An upper bound on the tokens/s of every option of each layout row of ``space`` (inf where unknown).
+
+    Each row is scored once with no recompute, no offload and both overlaps on. Every option of the row
+    has the same layer costs but for what its recompute adds (the selective modules' or the recomputed
+    layers' passes, never negative), the same or more exposed TP and EP traffic (less overlap), and
+    offload time >= 0; so each stage's micro-batch time, the slowest stage's (``t_stage``) and the 1F1B
+    bubble ((pp - 1)/vpp of it) are at least the bound row's, and the data-parallel and optimizer terms
+    are >= 0. The bound step is those parts (less one part in 10^9 for the order of the float sums) plus
+    the stragglers' wait on it; a DualPipe row's bubble is taken as 0."""
+    n = len(space.parallel["tp"])
+    rows = np.arange(n)
+    b = space.make_batch(rows, np.zeros(n, dtype=np.int64))
+    b = replace(b, recompute=np.zeros(n, dtype=np.int64), recompute_num_layers=np.full(n, NO_VALUE, dtype=np.int64),
+                offload_modules=np.zeros(n, dtype=np.int64), tp_comm_overlap=np.ones(n, dtype=bool),
+                moe_a2a_overlap=np.ones(n, dtype=bool))
+    br = evaluate_batch(space.spec, space.profile, space.devices, b, keep_stages=False)
+    t = br.time
+    per_stage = t["compute_s"] + t["tp_comm_s"] + t["cp_comm_s"] + t["ep_comm_s"] + t["pp_p2p_s"] + t["offload_s"]
+    replica = (per_stage + np.where(b.schedule == 0, t["pp_bubble_s"], 0.0)) * (1.0 - 1e-9)
+    dp = np.maximum(space.devices // (b.tp * b.pp * b.cp), 1)
+    step = replica + stragglers.straggler_s(replica, dp, Hardware.from_profile(space.profile).straggler_cv)
+    bound = space.global_batch_size * space.spec.seq_length / step
+    return np.where(np.isfinite(bound) & (step > 0), bound, np.inf)
+
+
 def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None = None,
-                   batch_size: int = 200_000, margin_gib: float = 0.0) -> Ranked:
+                   batch_size: int = 200_000, margin_gib: float = 0.0, prune: bool = True) -> Ranked:
     """Score the whole space; rank configs that keep ``margin_gib`` of headroom (GiB) first.
 
     Two passes: every config whose option offloads nothing (or is its own counterpart, where offload is
     pinned), then each offload plan whose counterpart without offload (``SearchSpace.offload_counterpart``:
     same layout, micro-batch and other options) does not fit or keep the margin. Elsewhere an offload plan
     can only repeat its counterpart, slower or as fast, and ranks after it: it is decided unscored, as
-    the samplers decide it (``scored_groups``), so both engines rank the same configs. ``trials`` counts
-    every config of the space (scored or so decided); ``feasible_trials`` and each layout's ``variants``
-    the feasible configs scored."""
+    the samplers decide it (``scored_groups``), so both engines rank the same configs. ``prune``: decide
+    the rows that cannot reach the cut by their bound (``_row_bounds``; False: the plain full scan).
+    ``trials`` counts every config of the space (scored or so decided); ``feasible_trials`` and each
+    layout's ``variants`` the feasible configs scored; ``extra`` the configs scored and pruned."""
     total = space.size
     mask = space._option_mask()
     base = np.asarray(space.offload_counterpart, dtype=np.int64)
     plain = base == np.arange(len(base))
     run = _Run(space, top_k, margin_gib, progress, total)
+    bounds = _row_bounds(space) if prune else None
+    first = mask & plain[None, :]
     keeps = np.zeros(mask.shape, dtype=bool)  # (row, option) scored, fits and keeps the margin
-    for rows, opts, br, ok, room in run.score(mask & plain[None, :], batch_size):
+    for rows, opts, br, ok, room in run.score(first, batch_size, bounds):
         keeps[rows[ok[room >= margin_gib]], opts[ok[room >= margin_gib]]] = True
     second = mask & ~plain[None, :] & ~keeps[:, base]
-    run.skipped = int(mask.sum()) - run.done - int(second.sum())
-    for _ in run.score(second, batch_size):
+    run.skipped = int(mask.sum()) - int(first.sum()) - int(second.sum())
+    for _ in run.score(second, batch_size, bounds):
         pass
     return run.ranked()
 
@@ -138,14 +176,58 @@ class _Run:
         self.shapes, self.layout_of_row = _layout_codes(space)
         self.variants = np.zeros(len(self.shapes), dtype=np.int64)
         self.kept = _Kept.empty()
-        self.feasible, self.done, self.skipped = 0, 0, 0
+        self.feasible, self.done, self.skipped, self.pruned, self.index_base = 0, 0, 0, 0, 0
         self.min_peak, self.min_at = np.inf, None
 
-    def score(self, mask: np.ndarray, batch_size: int):
-        """Score the pairs of ``mask`` in chunks, keeping the best; yields each chunk's (rows, options,
-        result, feasible positions, their headroom in GiB)."""
+    def cut_tokens(self) -> float | None:
+        """Tokens/s of the best config of the K-th best layout so far, where configs below it cannot enter
+        the kept set whatever their memory: it keeps the margin (else a slower config that keeps it would
+        rank ahead). None before K layouts are kept."""
+        kept = self.kept
+        if len(kept.layout) == 0 or kept.short[-1] or len(np.unique(kept.layout)) < self.top_k:
+            return None
+        return float(kept.tokens[-1])
+
+    def _chosen(self, rows: np.ndarray, opts: np.ndarray, bounds: np.ndarray | None, batch_size: int):
+        """Positions of the pairs to score, in chunks of about ``batch_size``: without bounds all in order;
+        with them, first the pairs of the rows with the highest bounds, then the others in order, each
+        chunk without the pairs whose row's bound is below the cut known by then (counted as pruned)."""
+        if bounds is None:
+            for start in range(0, len(rows), batch_size):
+                yield np.arange(start, min(start + batch_size, len(rows)))
+            return
+        todo = np.ones(len(rows), dtype=bool)
+        if len(rows) > batch_size:
+            pair_bound = bounds[rows]
+            best = np.sort(np.argpartition(-pair_bound, batch_size)[:batch_size])
+            todo[best] = False
+            yield best
+        pending, size = [], 0
+        for start in range(0, len(rows), batch_size):
+            sel = np.flatnonzero(todo[start:start + batch_size]) + start
+            cut = self.cut_tokens()
+            if cut is not None:
+                keep = bounds[rows[sel]] >= cut
+                self.pruned += int(len(sel) - keep.sum())
+                sel = sel[keep]
+            pending.append(sel)
+            size += len(sel)
+            if size >= batch_size:
+                yield np.concatenate(pending)
+                pending, size = [], 0
+        if size:
+            yield np.concatenate(pending)
+
+    def score(self, mask: np.ndarray, batch_size: int, bounds: np.ndarray | None = None):
+        """Score the pairs of ``mask`` in chunks (those ``bounds`` cannot rule out), keeping the best; yields
+        each chunk's (rows, options, result, feasible positions, their headroom in GiB). A config's
+        position in the enumeration (row-major over the passes) breaks ties, whatever the order of scoring."""
         space = self.space
-        for rows, opts, batch in space.batches(batch_size, mask):
+        all_rows, all_opts = np.nonzero(mask)  # row-major: each layout with its allowed options
+        base_index, self.index_base = self.index_base, self.index_base + len(all_rows)
+        for pos in self._chosen(all_rows, all_opts, bounds, batch_size):
+            rows, opts = all_rows[pos], all_opts[pos]
+            batch = space.make_batch(rows, opts)
             br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
             self.feasible += int(br.feasible.sum())
             if br.valid.any():
@@ -159,11 +241,11 @@ class _Run:
                 lay = self.layout_of_row[rows[ok]]
                 self.variants += np.bincount(lay, minlength=len(self.shapes))
                 self.kept = self.kept.merge(_Kept(room < self.margin_gib, br.tokens_per_s[ok],
-                                                  batch.offload_modules[ok] != 0, br.peak_bytes[ok], self.done + ok,
-                                                  rows[ok], opts[ok], lay), self.top_k)
+                                                  batch.offload_modules[ok] != 0, br.peak_bytes[ok],
+                                                  base_index + pos[ok], rows[ok], opts[ok], lay), self.top_k)
             self.done += len(rows)
             if self.progress:
-                self.progress(self.done + self.skipped, self.total)
+                self.progress(self.done + self.skipped + self.pruned, self.total)
             yield rows, opts, br, ok, room
 
     def ranked(self) -> Ranked:
@@ -177,4 +259,5 @@ class _Run:
         return Ranked(configs=configs, trials=self.total, feasible_trials=self.feasible,
                       smallest_peak_gib=None if self.min_at is None else self.min_peak / 2**30,
                       smallest_peak_config=None if self.min_at is None else space.config(*self.min_at),
-                      layouts=layouts, feasible_layouts=int((self.variants > 0).sum()))
+                      layouts=layouts, feasible_layouts=int((self.variants > 0).sum()),
+                      extra={"configs_scored": self.done, "configs_pruned": self.pruned})
