@@ -61,8 +61,8 @@ class Expressible:
         ``search.frameworks`` are scored on representative configs at pp = 1: per distinct (tp, ep, etp)
         and option with cp = 1 and flat dispatch (no option rule reads the algorithms), per distinct (tp,
         cp, ep, etp, dispatch, CP algorithm) with no recompute and no overlap; and the
-        split rules per distinct split, etp, cp and option (``split_refusals`` says no other rule reads the
-        split or fires at pp = 1, and no rule reads cp together with an option but DualPipeV's)."""
+        split rules per distinct split and option, and per etp and cp under DualPipeV (``split_refusals``
+        says no other rule reads the split or fires at pp = 1, and only DualPipeV's read etp and cp)."""
         groups, inv = self._expressible_groups(par)
         return groups[inv]
 
@@ -77,10 +77,19 @@ class Expressible:
         parts = [self._rows(col("tp", "ep", "etp"), "options", self._options_row),
                  self._rows(col("tp", "cp", "ep", "etp", "moe_a2a_hierarchical", "cp_comm"), "layout",
                             self._layout_row),
-                 self._rows(col(*split_keys), "split", self._split_row)]
+                 self._rows(self._split_key(col(*split_keys)), "split", self._split_row)]
         key, inv = unique_rows([part_inv for _, part_inv in parts])
         groups = parts[0][0][key[:, 0]] & parts[1][0][key[:, 1]] & parts[2][0][key[:, 2]]
         return groups, inv
+
+    @staticmethod
+    def _split_key(cols: list[np.ndarray]) -> list[np.ndarray]:
+        """The split rules' key columns with etp and cp set to 1 under 1F1B and interleaving (schedule 0):
+        only DualPipeV's rules read them (``frameworks._schedule``: cp 1, etp 1 for its overlap), so every
+        etp and cp of such a split shares one verdict, a twentieth of the probes of a large space."""
+        *rest, schedule, etp, cp = cols
+        plain = schedule == 0
+        return [*rest, schedule, np.where(plain, 1, etp), np.where(plain, 1, cp)]
 
     def _rows(self, keys: list[np.ndarray], kind: str, row_fn) -> tuple[np.ndarray, np.ndarray]:
         """Rows of ``row_fn`` per distinct key (remembered) and each config's row index."""
