@@ -23,6 +23,7 @@ import numpy as np
 from costmodel import evaluate_batch, stragglers
 from costmodel.batch import NO_VALUE
 from costmodel.hardware import Hardware
+from costmodel.pipeline import unique_rows
 
 from .space import SearchSpace
 
@@ -108,9 +109,7 @@ class _Kept:
 
 def _layout_codes(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
     """The distinct layouts of the space (rows of ``LAYOUT_FIELDS`` values) and each parallel row's one."""
-    cols = np.stack([space.parallel[k] for k in LAYOUT_FIELDS], axis=1)
-    shapes, inverse = np.unique(cols, axis=0, return_inverse=True)
-    return shapes, inverse.ravel()
+    return unique_rows([np.asarray(space.parallel[k], dtype=np.int64) for k in LAYOUT_FIELDS])
 
 
 def _row_bounds(space: SearchSpace) -> np.ndarray:
@@ -188,45 +187,43 @@ class _Run:
             return None
         return float(kept.tokens[-1])
 
-    def _chosen(self, rows: np.ndarray, opts: np.ndarray, bounds: np.ndarray | None, batch_size: int):
-        """Positions of the pairs to score, in chunks of about ``batch_size``: without bounds all in order;
-        with them, first the pairs of the rows with the highest bounds, then the others in order, each
-        chunk without the pairs whose row's bound is below the cut known by then (counted as pruned)."""
-        if bounds is None:
-            for start in range(0, len(rows), batch_size):
-                yield np.arange(start, min(start + batch_size, len(rows)))
-            return
-        todo = np.ones(len(rows), dtype=bool)
-        if len(rows) > batch_size:
-            pair_bound = bounds[rows]
-            best = np.sort(np.argpartition(-pair_bound, batch_size)[:batch_size])
-            todo[best] = False
+    def _row_groups(self, counts: np.ndarray, bounds: np.ndarray | None, batch_size: int):
+        """The layout rows to score (those with pairs to score, ``counts``), in groups of about ``batch_size``
+        pairs, each group in row order: without bounds all of them; with them, first the rows with the
+        highest bounds, then the others, each group without the rows whose bound is below the cut known by
+        then (their pairs counted as pruned)."""
+        rows = np.flatnonzero(counts)
+        if bounds is not None and counts.sum() > batch_size:
+            order = rows[np.argsort(-bounds[rows], kind="stable")]
+            best = np.sort(order[:int(np.searchsorted(np.cumsum(counts[order]), batch_size)) + 1])
             yield best
-        pending, size = [], 0
-        for start in range(0, len(rows), batch_size):
-            sel = np.flatnonzero(todo[start:start + batch_size]) + start
-            cut = self.cut_tokens()
+            rows = np.setdiff1d(rows, best, assume_unique=True)
+        if len(rows) == 0:
+            return
+        cum = np.cumsum(counts[rows])
+        edges = np.searchsorted(cum, np.arange(batch_size, int(cum[-1]), batch_size), side="right")
+        for group in np.split(rows, np.unique(edges)):
+            cut = None if bounds is None else self.cut_tokens()
             if cut is not None:
-                keep = bounds[rows[sel]] >= cut
-                self.pruned += int(len(sel) - keep.sum())
-                sel = sel[keep]
-            pending.append(sel)
-            size += len(sel)
-            if size >= batch_size:
-                yield np.concatenate(pending)
-                pending, size = [], 0
-        if size:
-            yield np.concatenate(pending)
+                live = bounds[group] >= cut
+                self.pruned += int(counts[group[~live]].sum())
+                group = group[live]
+            if len(group):
+                yield group
 
     def score(self, mask: np.ndarray, batch_size: int, bounds: np.ndarray | None = None):
         """Score the pairs of ``mask`` in chunks (those ``bounds`` cannot rule out), keeping the best; yields
         each chunk's (rows, options, result, feasible positions, their headroom in GiB). A config's
         position in the enumeration (row-major over the passes) breaks ties, whatever the order of scoring."""
         space = self.space
-        all_rows, all_opts = np.nonzero(mask)  # row-major: each layout with its allowed options
-        base_index, self.index_base = self.index_base, self.index_base + len(all_rows)
-        for pos in self._chosen(all_rows, all_opts, bounds, batch_size):
-            rows, opts = all_rows[pos], all_opts[pos]
+        counts = mask.sum(axis=1)
+        starts = np.cumsum(counts) - counts + self.index_base  # each row's first pair's position
+        self.index_base += int(counts.sum())
+        for group in self._row_groups(counts, bounds, batch_size):
+            sub = mask[group]
+            at, opts = np.nonzero(sub)  # row-major: each layout with its allowed options
+            rows = group[at]
+            index = starts[rows] + np.cumsum(sub, axis=1)[at, opts] - 1
             batch = space.make_batch(rows, opts)
             br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
             self.feasible += int(br.feasible.sum())
@@ -241,8 +238,8 @@ class _Run:
                 lay = self.layout_of_row[rows[ok]]
                 self.variants += np.bincount(lay, minlength=len(self.shapes))
                 self.kept = self.kept.merge(_Kept(room < self.margin_gib, br.tokens_per_s[ok],
-                                                  batch.offload_modules[ok] != 0, br.peak_bytes[ok],
-                                                  base_index + pos[ok], rows[ok], opts[ok], lay), self.top_k)
+                                                  batch.offload_modules[ok] != 0, br.peak_bytes[ok], index[ok],
+                                                  rows[ok], opts[ok], lay), self.top_k)
             self.done += len(rows)
             if self.progress:
                 self.progress(self.done + self.skipped + self.pruned, self.total)
