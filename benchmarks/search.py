@@ -7,6 +7,13 @@ config found reaches 99 % of that optimum (median over 5 seeds; ``>N`` when a se
 within the budget). One thread. Run from the repository root:
 
     .venv/bin/python benchmarks/search.py [--seeds 5] [--budget 500] [--cases pangu,dsv3,llama]
+
+``--exactness`` instead checks the exhaustive engine's pruning on the README's Pangu search (MindSpeed,
+top 10): the plain full scan (``run_exhaustive(..., prune=False)``) and the pruned one on the same space,
+their wall and CPU seconds, configs scored and pruned, and whether the top-10 configs, the top-10 layouts
+and their ranks are equal (exit 1 if not):
+
+    .venv/bin/python benchmarks/search.py --exactness
 """
 
 from __future__ import annotations
@@ -81,12 +88,43 @@ def run_case(name: str, seeds: int, budget: int) -> list[list[str]]:
     return rows
 
 
+def exactness(top_k: int = 10) -> bool:
+    """The pruned exhaustive scan against the plain full scan on the Pangu space; prints a table."""
+    from search.exhaustive import run_exhaustive
+    from search.space import build_space
+
+    model, cluster, devices, gbs = CASES["pangu"]
+    t0, c0 = time.perf_counter(), time.process_time()
+    space = build_space(model_presets.load(model), hardware_profiles.load(cluster), devices, gbs, framework="mindspeed")
+    build = (time.perf_counter() - t0, time.process_time() - c0)
+    runs = {}
+    for prune in (False, True):
+        t0, c0 = time.perf_counter(), time.process_time()
+        ranked = run_exhaustive(space, top_k, prune=prune)
+        runs[prune] = (ranked, time.perf_counter() - t0, time.process_time() - c0)
+    key = lambda r: (r.configs, [(lay["layout"], lay["best_rank"], lay["config"]) for lay in r.layouts])  # noqa: E731
+    same = key(runs[True][0]) == key(runs[False][0])
+    table = Table(title=f"exhaustive engine on pangu ({space.size:,} configs, top {top_k}; space built in "
+                        f"{build[0]:.1f} s wall, {build[1]:.1f} s CPU)")
+    for col in ("scan", "wall s", "CPU s", "configs scored", "configs pruned", "top-10 configs, layouts, ranks"):
+        table.add_column(col, justify="left" if col == "scan" else "right")
+    for prune, (ranked, wall, cpu) in runs.items():
+        table.add_row("pruned (default)" if prune else "plain full scan", f"{wall:.1f}", f"{cpu:.1f}",
+                      f"{ranked.extra['configs_scored']:,}", f"{ranked.extra['configs_pruned']:,}",
+                      ("equal to the plain scan's" if same else "DIFFERENT") if prune else "reference")
+    Console(width=200).print(table)
+    return same
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--exactness", action="store_true", help="check the pruned exhaustive scan on the Pangu space")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=500, help="trials per sampler run")
     ap.add_argument("--cases", default="pangu,dsv3,llama")
     args = ap.parse_args()
+    if args.exactness:
+        sys.exit(0 if exactness() else 1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     table = Table(title=f"search engines (median of {args.seeds} seeds, budget {args.budget} trials, one thread)")
     for col in ("case", "space size", "engine", "to reach 99 % of optimum", "wall time", "optimum tokens/s",

@@ -25,7 +25,8 @@ def fp8_half_flops(hw: Hardware) -> np.ndarray:
     cost per call of F_half/(P·η) seconds (launch, wave quantisation, the tail of the last tiles), which
     a faster matmul rate does not shorten. Kept in seconds at the FP8 rate P8 = peak_fp8 ·
     fp8_gemm_eff_ratio, the FP8 half size is F_half · P8 / P_bf16: a small GEMM (a per-expert one) gains
-    little from FP8 while a large one gains the full rate ratio (the issue's MXFP8 Qwen3-235B log)."""
+    little from FP8 while a large one gains the full rate ratio (a public Megatron-Bridge tuning log of
+    Qwen3-235B on 256 B200 measured MXFP8 25 % slower than BF16: docs/costmodel.md)."""
     fp8_rate = hw.peak_fp8_flops * hw.fp8_gemm_eff_ratio
     return hw.gemm_half_flops * np.where(fp8_rate > 0, fp8_rate, hw.peak_bf16_flops) / hw.peak_bf16_flops
 

@@ -130,7 +130,7 @@ class BatchResult:
 def _first_row_match(rows: np.ndarray, table: np.ndarray) -> np.ndarray:
     """For each row of ``rows``, the index of its first equal row in ``table`` (0 when none): what
     ``(rows[:, None] == table[None]).all(axis=2).argmax(axis=1)`` gives, without that (rows, table)
-    array, which for a 10,000-stage pipeline was 500 MB and 1.5 s of one evaluate (issue 19)."""
+    array, which for a 10,000-stage pipeline is 500 MB and 1.5 s of one evaluate."""
     first: dict[tuple, int] = {}
     for j, key in enumerate(map(tuple, table.tolist())):
         first.setdefault(key, j)
@@ -530,35 +530,67 @@ def offload_exposed_s(c: layers.Cost, hw: Hardware) -> np.ndarray:
     return np.maximum(copy_s - c.fwd_s, 0.0) + np.maximum(copy_s - c.bwd_s, 0.0)
 
 
-def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
-           split_index: np.ndarray, k: int, costs=None, full_layers=None) -> dict:
-    """Times, throughput and memory of configs ``b`` (no validity): their splits are ``split_index``
-    into the stage sets ``st``, whose first ``k`` candidate stages are scored. ``costs``: the layer
-    costs of ``b`` and ``full_layers`` its recomputed layers, if already known."""
-    dp = np.maximum(devices // (b.tp * b.pp * b.cp), 1)
-    m = np.maximum(b.global_batch_size / (b.micro_batch_size * dp), 1.0)
-    shapes = _shapes(spec, b, dp)
-    if costs is None:
-        costs = _layer_costs(spec, *_layer_inputs(spec, hw, b, shapes))
-    dense, moe, mtp, emb, head = costs
+def _row(x) -> np.ndarray:
+    """A per-config value (N,) as a float64 row (1, N), to broadcast against per-stage (K, N) arrays."""
+    return np.asarray(x, dtype=np.float64)[None, :]
 
-    # Per-stage arrays are (K, N): candidate stages along the first axis, configs along the second,
-    # so that per-config rows (1, N) broadcast along contiguous memory and reductions over stages are
-    # K row operations.
+
+@dataclass
+class _Unit:
+    """One kind of decoder layer (dense, MoE or MTP) on the candidate stages: the cost of one layer, the
+    layers of that kind per stage (K, N) and what its share of full recompute changes ((1, N) or (K, N))."""
+
+    cost: layers.Cost
+    count: np.ndarray
+    chunk_col: int  # its column in the chunk tables (pipeline.CHUNK_ACT_COLUMNS)
+    frac: np.ndarray  # fraction of these layers fully recomputed
+    passes_overhead_s: np.ndarray  # fixed launch time of the layer's passes (forward, backward, recompute)
+    one_plus_frac: np.ndarray
+    one_minus_frac: np.ndarray
+    frac_layer_input_bytes: np.ndarray  # the kept input of the recomputed fraction
+    recomputed: np.ndarray  # frac > 0
+
+
+@dataclass
+class _Stages:
+    """What the per-stage effects read: the candidate stages' layers (K, N) and one layer's costs."""
+
+    n_emb: np.ndarray
+    n_head: np.ndarray
+    emb: layers.Cost
+    head: layers.Cost
+    units: list[_Unit]
+    sel: np.ndarray  # (1, N) 1.0 under selective recompute
+    layer_input_bytes: np.ndarray  # (1, N) what a fully recomputed layer keeps (its input)
+    shape: tuple[int, int]  # (K, N)
+
+
+def _dense_costs_finite(dense: layers.Cost) -> bool:
+    return _all_finite(
+        dense.fwd_s + dense.bwd_s + dense.selective_s + dense.tp_fwd_s + dense.gemm_fwd_s + dense.tp_bwd_s
+        + dense.gemm_bwd_s + dense.cp_fwd_s + dense.cp_bwd_s + dense.selective_cp_s + dense.ep_fwd_s
+        + dense.ep_bwd_s + dense.selective_ep_s + dense.act_bytes + dense.transient_bytes
+        + dense.dense_params + dense.expert_params)
+
+
+def _stages(spec: ModelSpec, hw: Hardware, b: ConfigBatch, st: pipeline.StageSet, split_index: np.ndarray,
+            k: int, costs, shapes: memory.Shapes) -> _Stages:
+    """The first ``k`` candidate stages of each config as counts of each kind of layer, with the share of
+    the decoder layers that full recompute covers (``recompute_num_layers`` per stage, Megatron's
+    ``--recompute-method block``). Per-stage arrays are (K, N): candidate stages along the first axis,
+    configs along the second, so that per-config rows (1, N) broadcast along contiguous memory and
+    reductions over stages are K row operations."""
+    dense, moe, mtp, emb, head = costs
     n_dense, n_moe, n_emb, n_head, n_mtp = _stage_columns(st, split_index, k)
-    K, N = n_dense.shape
-    col = lambda x: np.asarray(x, dtype=np.float64)[None, :]  # noqa: E731  (N,) -> (1, N)
+    N = n_dense.shape[1]
     decoder = n_dense + n_moe
-    sel = col(b.recompute == 1)
+    sel = _row(b.recompute == 1)
     full = b.recompute == 2
     rnl = np.where(b.recompute_num_layers == NO_VALUE, 1 << 30, b.recompute_num_layers)
     # The fraction is finite and non-negative, so multiplying by the 0/1 mask equals np.where(full, ., 0).
-    full_frac = (np.minimum(decoder, col(rnl)) / np.maximum(decoder, 1) * col(full) if full.any()
+    full_frac = (np.minimum(decoder, _row(rnl)) / np.maximum(decoder, 1) * _row(full) if full.any()
                  else np.zeros((1, N)))
-    tp_ov = col(np.where(b.tp_comm_overlap, hw.tp_overlap, 0.0))
-    ep_ov = col(np.where(b.moe_a2a_overlap, hw.ep_overlap, 0.0))
-    delay_wgrad = col(b.delays_wgrad())
-    layer_input = col(memory.full_recompute_layer_bytes(spec, shapes))
+    layer_input = _row(memory.full_recompute_layer_bytes(spec, shapes))
 
     def recompute_terms(frac):
         # sel and frac are never both non-zero (selective vs full), so frac + sel is
@@ -567,167 +599,310 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
         return frac, passes * hw.layer_overhead_s, 1 + frac, 1 - frac, frac * layer_input, frac > 0
 
     layer_terms = recompute_terms(full_frac)
-    units = [(dense, n_dense, layer_terms)]
-    unit_chunk_col = [0]  # each unit's column in the chunk tables (pipeline.CHUNK_ACT_COLUMNS)
+    units = [_Unit(dense, n_dense, 0, *layer_terms)]
     # A dense model's MoE unit is its dense layer counted zero times: it adds exact zeros when finite.
-    if spec.is_moe or not _all_finite(
-            dense.fwd_s + dense.bwd_s + dense.selective_s + dense.tp_fwd_s + dense.gemm_fwd_s + dense.tp_bwd_s
-            + dense.gemm_bwd_s + dense.cp_fwd_s + dense.cp_bwd_s + dense.selective_cp_s + dense.ep_fwd_s
-            + dense.ep_bwd_s + dense.selective_ep_s + dense.act_bytes + dense.transient_bytes
-            + dense.dense_params + dense.expert_params):
-        units.append((moe, n_moe if spec.is_moe else 0 * n_moe, layer_terms))
-        unit_chunk_col.append(1)
-    units.append((mtp, n_mtp, recompute_terms(np.zeros((1, N)))))
-    unit_chunk_col.append(2)
-    layer_act = []  # per unit: stored bytes of one of its layers in each stage, (K, N) or (1, N)
-    compute = n_emb * col(emb.fwd_s + emb.bwd_s) + n_head * col(head.fwd_s + head.bwd_s)
-    tp_t = n_emb * col(emb.tp_fwd_s) + n_head * (comm.exposed_s(col(head.tp_fwd_s), col(head.gemm_fwd_s), tp_ov)
-                                                 + comm.exposed_s(col(head.tp_bwd_s), col(head.gemm_bwd_s), tp_ov))
-    cp_t = np.zeros_like(compute)
-    ep_t = np.zeros_like(compute)
-    ep_nic_fwd = np.zeros_like(compute)  # NIC time of expert dispatch in one micro-batch's passes
-    ep_nic_bwd = np.zeros_like(compute)
-    fwd_window = n_emb * col(emb.fwd_s) + n_head * col(head.fwd_s)
-    bwd_window = n_emb * col(emb.bwd_s) + n_head * col(head.bwd_s)
-    act = np.zeros_like(compute)
-    dense_params = n_emb * col(emb.dense_params) + n_head * col(head.dense_params)
-    expert_params = np.zeros_like(compute)
-    transient = np.zeros_like(compute)
-    offload_t = np.zeros_like(compute)  # exposed offload and reload time of one micro-batch's passes
-    host_act = np.zeros_like(compute)  # bytes one micro-batch leaves in host memory
-    for c, n, (frac, passes_overhead, one_plus_frac, one_minus_frac, frac_layer_input, frac_pos) in units:
-        compute += n * (col(c.fwd_s + c.bwd_s) + sel * col(c.selective_s) + frac * col(c.fwd_s)
-                        + passes_overhead)
-        tp_fwd = comm.exposed_s(col(c.tp_fwd_s), col(c.gemm_fwd_s), tp_ov)
-        tp_t += n * (tp_fwd * one_plus_frac + comm.exposed_s(col(c.tp_bwd_s), col(c.gemm_bwd_s), tp_ov))
-        # Units without CP or EP traffic add exact zeros (frac is finite): skip them.
+    if spec.is_moe or not _dense_costs_finite(dense):
+        units.append(_Unit(moe, n_moe if spec.is_moe else 0 * n_moe, 1, *layer_terms))
+    units.append(_Unit(mtp, n_mtp, 2, *recompute_terms(np.zeros((1, N)))))
+    return _Stages(n_emb=n_emb, n_head=n_head, emb=emb, head=head, units=units, sel=sel,
+                   layer_input_bytes=layer_input, shape=n_dense.shape)
+
+
+def _compute_s(s: _Stages) -> np.ndarray:
+    """Compute time of one micro-batch on each stage (K, N), s: every layer's forward and backward
+    (backward ≈ 2× forward, Narayanan et al. SC21 §3.2, inside ``layers``), the recompute's extra forward
+    (the selective modules', or the whole layer for the fully recomputed share: Korthikanti et al. 2022
+    §5) and each pass's fixed launch time (the profile's calibrated ``layer_overhead_s``)."""
+    emb, head = s.emb, s.head
+    compute = s.n_emb * _row(emb.fwd_s + emb.bwd_s) + s.n_head * _row(head.fwd_s + head.bwd_s)
+    for u in s.units:
+        c = u.cost
+        compute += u.count * (_row(c.fwd_s + c.bwd_s) + s.sel * _row(c.selective_s) + u.frac * _row(c.fwd_s)
+                              + u.passes_overhead_s)
+    return compute
+
+
+def _tp_comm_s(s: _Stages, b: ConfigBatch, hw: Hardware) -> np.ndarray:
+    """Exposed tensor-parallel communication of one micro-batch on each stage (K, N), s: the all-gathers
+    and reduce-scatters of sequence parallelism (Korthikanti et al. 2022 §4.2.2, priced in ``layers``),
+    of which up to the profile's ``tp_overlap`` hides behind the layer's GEMMs under ``tp_comm_overlap``;
+    a fully recomputed layer repeats its forward's."""
+    tp_ov = _row(np.where(b.tp_comm_overlap, hw.tp_overlap, 0.0))
+    emb, head = s.emb, s.head
+    tp_t = s.n_emb * _row(emb.tp_fwd_s) + s.n_head * (comm.exposed_s(_row(head.tp_fwd_s), _row(head.gemm_fwd_s), tp_ov)
+                                                     + comm.exposed_s(_row(head.tp_bwd_s), _row(head.gemm_bwd_s), tp_ov))
+    for u in s.units:
+        c = u.cost
+        tp_fwd = comm.exposed_s(_row(c.tp_fwd_s), _row(c.gemm_fwd_s), tp_ov)
+        tp_t += u.count * (tp_fwd * u.one_plus_frac + comm.exposed_s(_row(c.tp_bwd_s), _row(c.gemm_bwd_s), tp_ov))
+    return tp_t
+
+
+def _cp_comm_s(s: _Stages) -> np.ndarray:
+    """Context-parallel communication of one micro-batch on each stage (K, N), s: the attention's key/value
+    exchange (ring, all-to-all or all-gather: ``layers``, after Liu et al. 2023 and Jacobs et al. 2023),
+    repeated by the recomputed forward."""
+    cp_t = np.zeros(s.shape)
+    for u in s.units:
+        c = u.cost
+        # Units without CP traffic add exact zeros (frac is finite): skip them.
         if c.cp_fwd_s.any() or c.cp_bwd_s.any() or c.selective_cp_s.any():
-            cp_t += n * (col(c.cp_fwd_s + c.cp_bwd_s) + sel * col(c.selective_cp_s) + frac * col(c.cp_fwd_s))
+            cp_t += u.count * (_row(c.cp_fwd_s + c.cp_bwd_s) + s.sel * _row(c.selective_cp_s) + u.frac * _row(c.cp_fwd_s))
+    return cp_t
+
+
+def _ep_comm_s(s: _Stages, b: ConfigBatch, hw: Hardware) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exposed expert-parallel all-to-all (dispatch and combine) of one micro-batch on each stage (K, N), s,
+    and the NIC time of that dispatch in the forward and in the backward passes (K, N), s, which the
+    data-parallel traffic overlapped with those passes cannot use (``_dp_exposed_s``).
+
+    Under ``moe_a2a_overlap`` up to the profile's ``ep_overlap`` hides behind the layer's compute
+    (DeepSeek-V3 §3.2.2: one micro-batch's all-to-all beside another's compute)."""
+    ep_ov = _row(np.where(b.moe_a2a_overlap, hw.ep_overlap, 0.0))
+    delay_wgrad = _row(b.delays_wgrad())
+    ep_t, nic_fwd, nic_bwd = np.zeros(s.shape), np.zeros(s.shape), np.zeros(s.shape)
+    for u in s.units:
+        c, n, frac = u.cost, u.count, u.frac
         window = c.fwd_s + c.bwd_s
+        # Units without EP traffic add exact zeros (frac is finite): skip them.
         if c.ep_fwd_s.any() or c.ep_bwd_s.any() or c.selective_ep_s.any() or np.isnan(window).any():
-            ep_raw = col(c.ep_fwd_s + c.ep_bwd_s) + sel * col(c.selective_ep_s) + frac * col(c.ep_fwd_s)
+            ep_raw = _row(c.ep_fwd_s + c.ep_bwd_s) + s.sel * _row(c.selective_ep_s) + frac * _row(c.ep_fwd_s)
             # Under --delay-wgrad-compute the attention block's weight-gradient GEMMs run after the
             # layer's overlapped region, with no all-to-all in flight: they hide none of it.
-            ep_t += n * comm.exposed_s(ep_raw, col(window) - delay_wgrad * col(c.delayed_wgrad_s), ep_ov)
-            ep_nic_fwd += n * col(c.ep_nic_s)
-            ep_nic_bwd += n * col(c.ep_nic_s) * (1 + frac + sel * col(c.selective_ep_s > 0))
-        fwd_window += n * col(c.fwd_s)
-        bwd_window += n * col(c.bwd_s)
-        layer_act.append(col(c.act_bytes) * one_minus_frac + frac_layer_input)
-        act += n * layer_act[-1]
-        # while a checkpointed layer is recomputed, its activations beyond the kept input are alive
-        rebuilt = frac_pos * (col(c.act_bytes) - layer_input)
-        transient = np.maximum(transient, (n > 0) * (col(c.transient_bytes) + rebuilt))
-        dense_params += n * col(c.dense_params)
-        expert_params += n * col(c.expert_params)
-        if c.offload_bytes.any():
-            offload_t += n * col(offload_exposed_s(c, hw))
-            host_act += n * col(c.offload_bytes)
+            ep_t += n * comm.exposed_s(ep_raw, _row(window) - delay_wgrad * _row(c.delayed_wgrad_s), ep_ov)
+            nic_fwd += n * _row(c.ep_nic_s)
+            nic_bwd += n * _row(c.ep_nic_s) * (1 + frac + s.sel * _row(c.selective_ep_s > 0))
+    return ep_t, nic_fwd, nic_bwd
 
-    dp_cp = dp * b.cp
-    p2p_stride = b.tp * b.cp * dp
-    # Each virtual-stage chunk sends its output forward and its input gradient back, and each such
-    # blocking send/recv costs a handshake beyond the transfer (schedule step, stream sync): fine
-    # interleaving (one layer per chunk) pays it per layer.
-    p2p = col(np.where(b.pp > 1, 2 * b.chunks * (comm.p2p_s(memory.BF16 * shapes.tokens_sp * spec.hidden_size,
-                                                           p2p_stride, hw) + hw.pp_chunk_overhead_s), 0.0))
-    stage_mb = compute + tp_t + cp_t + ep_t + p2p + offload_t
-    crit = _first_argmax(stage_mb)
-    pick = lambda x, flat=crit * N + np.arange(N): _at(x, flat)  # noqa: E731
-    t_stage = pick(stage_mb)
-    dual = b.schedule > 0
-    # Micro-batch passes through a rank's layers: DualPipe sends each micro-batch through one of the
-    # rank's two stages (half the micro-batches go each way), every other schedule through all of them.
-    visits = np.where(b.schedule == DUALPIPE, 0.5, 1.0)
+
+def _pp_p2p_s(spec: ModelSpec, b: ConfigBatch, shapes: memory.Shapes, dp: np.ndarray, hw: Hardware) -> np.ndarray:
+    """Pipeline point-to-point time of one micro-batch (1, N), s: each virtual-stage chunk sends its
+    output (2·s·b·h/tp bytes under SP: Korthikanti et al. 2022 §4.2.2) forward and its input gradient
+    back, ranks tp·cp·dp apart; each blocking send/recv also costs a handshake beyond the transfer
+    (schedule step, stream sync: the profile's calibrated ``pp_chunk_overhead_s``), so fine interleaving
+    (one layer per chunk) pays it per layer."""
+    stride = b.tp * b.cp * dp
+    send_s = comm.p2p_s(memory.BF16 * shapes.tokens_sp * spec.hidden_size, stride, hw)
+    return _row(np.where(b.pp > 1, 2 * b.chunks * (send_s + hw.pp_chunk_overhead_s), 0.0))
+
+
+def _offload(s: _Stages, hw: Hardware) -> tuple[np.ndarray, np.ndarray]:
+    """Exposed activation offload and reload time of one micro-batch on each stage (K, N), s
+    (``offload_exposed_s``), and the bytes that micro-batch leaves in host memory (K, N)."""
+    offload_t, host_act = np.zeros(s.shape), np.zeros(s.shape)
+    for u in s.units:
+        c, n = u.cost, u.count
+        if c.offload_bytes.any():
+            offload_t += n * _row(offload_exposed_s(c, hw))
+            host_act += n * _row(c.offload_bytes)
+    return offload_t, host_act
+
+
+def _pass_windows_s(s: _Stages) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward compute of one micro-batch on each stage (K, N), s: the windows that
+    overlapped data-parallel traffic hides behind, and the backward share of DualPipe's bubble."""
+    emb, head = s.emb, s.head
+    fwd_window = s.n_emb * _row(emb.fwd_s) + s.n_head * _row(head.fwd_s)
+    bwd_window = s.n_emb * _row(emb.bwd_s) + s.n_head * _row(head.bwd_s)
+    for u in s.units:
+        fwd_window += u.count * _row(u.cost.fwd_s)
+        bwd_window += u.count * _row(u.cost.bwd_s)
+    return fwd_window, bwd_window
+
+
+def _bubble_s(b: ConfigBatch, t_stage: np.ndarray, pick, fwd_window: np.ndarray, bwd_window: np.ndarray) -> np.ndarray:
+    """Pipeline fill and drain (N,), s: (pp − 1)/vpp micro-batch times of the slowest stage (Narayanan et
+    al. SC21 §2.2), or DualPipe's and DualPipeV's bubble (DeepSeek-V3 Table 2, MindSpeed), which reads
+    the backward share of the slowest stage's compute (``pick``: that stage's entry of a (K, N) array)."""
     bubble = pipeline.bubble_s(b.pp, b.vpp, t_stage)
+    dual = b.schedule > 0
     if dual.any():
         fwd_c, bwd_c = pick(fwd_window), pick(bwd_window)
         backward_share = bwd_c / np.where(fwd_c + bwd_c > 0, fwd_c + bwd_c, 1.0)
         bubble = np.where(dual, pipeline.dualpipe_bubble_s(b.pp, b.schedule, t_stage, backward_share), bubble)
+    return bubble
 
-    # Data-parallel gradient and parameter synchronisation of each stage (dense weights over dp·cp,
-    # expert weights over the expert-data-parallel group), hidden behind the last micro-batch's
-    # backward and the first one's forward where overlap is on.
-    edp = np.maximum(b.tp * b.cp * dp // (b.ep * b.etp), 1)
+
+def _stage_params(s: _Stages) -> tuple[np.ndarray, np.ndarray]:
+    """Dense and expert parameters held by each stage (K, N): the expert ones are sharded over the
+    expert-data-parallel group, the dense ones over dp·cp."""
+    dense_params = s.n_emb * _row(s.emb.dense_params) + s.n_head * _row(s.head.dense_params)
+    expert_params = np.zeros(s.shape)
+    for u in s.units:
+        dense_params += u.count * _row(u.cost.dense_params)
+        expert_params += u.count * _row(u.cost.expert_params)
+    return dense_params, expert_params
+
+
+def _dp_groups(b: ConfigBatch, dp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sizes of the groups that share dense weights (dp·cp) and expert weights (the expert-data-parallel
+    group, tp·cp·dp / (ep·etp)), as integers: the domain arithmetic divides by them."""
+    return dp * b.cp, np.maximum(b.tp * b.cp * dp // (b.ep * b.etp), 1)
+
+
+def _dp_sync_s(spec: ModelSpec, b: ConfigBatch, hw: Hardware, dp_cp: np.ndarray, edp: np.ndarray,
+               dense_params: np.ndarray, expert_params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient synchronisation and parameter all-gather of each stage (K, N), s, before overlap: with the
+    distributed optimizer a reduce-scatter of the gradients in their main dtype and an all-gather of the
+    bf16 weights, without it an all-reduce (twice a reduce-scatter's time) and no gather (ZeRO, Rajbhandari
+    et al. 2020 §5; Megatron-Core's distributed optimizer); a replicated hot expert also all-reduces its
+    gradient with its original."""
     sharded_opt = b.sharding >= 1  # the distributed optimizer or a deeper sharding stage
-    dist = col(sharded_opt)
-    # Integer strides: the domain arithmetic divides by them (float floor division is slow).
-    dense_grp = (b.tp[None, :], col(dp_cp))
-    exp_grp = ((b.etp * b.ep)[None, :], col(edp))
-    grad_bytes = col(b.main_grads_bytes)  # gradients are reduced in their main dtype
+    dense_grp = (b.tp[None, :], _row(dp_cp))
+    exp_grp = ((b.etp * b.ep)[None, :], _row(edp))
+    grad_bytes = _row(b.main_grads_bytes)  # gradients are reduced in their main dtype
     grad_rs = (comm.reduce_scatter_s(grad_bytes * dense_params, *dense_grp, hw)
                + comm.reduce_scatter_s(grad_bytes * expert_params, *exp_grp, hw))
     param_ag = (comm.all_gather_s(memory.WEIGHT_BYTES * dense_params, *dense_grp, hw)
                 + comm.all_gather_s(memory.WEIGHT_BYTES * expert_params, *exp_grp, hw))
     # Per-config selections as products with 0/1 and 1/2 rows (exact for finite values; np.where
     # otherwise): all-reduce without the distributed optimizer, no parameter all-gather.
-    grad_sync = grad_rs * col(np.where(sharded_opt, 1.0, 2.0))
+    grad_sync = grad_rs * _row(np.where(sharded_opt, 1.0, 2.0))
     if b.moe_expert_replicas.any():
         grad_sync = grad_sync + _replica_grad_sync_s(spec, b, grad_bytes * expert_params, hw)
+    dist = _row(sharded_opt)
     param_sync = param_ag * dist if _all_finite(param_ag) else np.where(dist > 0, param_ag, 0.0)
+    return grad_sync, param_sync
+
+
+def _dp_exposed_s(b: ConfigBatch, hw: Hardware, dp_cp: np.ndarray, edp: np.ndarray, grad_sync: np.ndarray,
+                  param_sync: np.ndarray, windows: tuple, ep_nic: tuple) -> np.ndarray:
+    """Exposed data-parallel synchronisation of the slowest stage (N,), s: the gradient reduction hides
+    behind the last micro-batch's backward and the parameter gather behind the first one's forward,
+    up to the profile's ``dp_overlap``, where the overlap is on.
+
+    Overlapped DP traffic shares each device's NIC with the expert dispatch of the passes it hides
+    behind: where a DP group crosses nodes, it can only use the part of the window in which the
+    dispatch does not hold the NIC (the link's time is the sum of both traffics)."""
+    fwd_window, bwd_window = windows
+    nic_fwd, nic_bwd = ep_nic
     dp_ov = hw.dp_overlap
-    # Overlapped DP traffic shares each device's NIC with the expert dispatch of the passes it hides
-    # behind: where a DP group crosses nodes, it can only use the part of the window in which the
-    # dispatch does not hold the NIC (the link's time is the sum of both traffics).
-    dp_on_nic = col(comm.spans_domains(b.tp, dp_cp, hw) | comm.spans_domains(b.etp * b.ep, edp, hw))
-    bwd_window = np.maximum(bwd_window - dp_on_nic * ep_nic_bwd, 0.0)
-    fwd_window = np.maximum(fwd_window - dp_on_nic * ep_nic_fwd, 0.0)
+    dp_on_nic = _row(comm.spans_domains(b.tp, dp_cp, hw) | comm.spans_domains(b.etp * b.ep, edp, hw))
+    bwd_window = np.maximum(bwd_window - dp_on_nic * nic_bwd, 0.0)
+    fwd_window = np.maximum(fwd_window - dp_on_nic * nic_fwd, 0.0)
 
     def overlapped(sync, window, on):
         # exposed_s with no window and no overlap is the communication itself.
         if _all_finite(window):
-            return comm.exposed_s(sync, window * col(on), col(np.where(on, dp_ov, 0.0)))
-        return np.where(col(on), comm.exposed_s(sync, window, dp_ov), sync)
+            return comm.exposed_s(sync, window * _row(on), _row(np.where(on, dp_ov, 0.0)))
+        return np.where(_row(on), comm.exposed_s(sync, window, dp_ov), sync)
 
     grad_exposed = overlapped(grad_sync, bwd_window, b.overlap_grad_reduce)
     param_exposed = overlapped(param_sync, fwd_window, b.overlap_param_gather)
-    dp_exposed = (grad_exposed + param_exposed).max(axis=0)
+    return (grad_exposed + param_exposed).max(axis=0)
+
+
+def _optimizer_s(b: ConfigBatch, hw: Hardware, dp_cp: np.ndarray, edp: np.ndarray, dense_params: np.ndarray,
+                 expert_params: np.ndarray) -> np.ndarray:
+    """The busiest stage's Adam step (N,), s: memory-bound, ``ADAM_BYTES_PER_PARAM`` per local parameter at
+    the HBM bandwidth; the distributed optimizer updates only its shard."""
+    sharded_opt = b.sharding >= 1
     # x / 1 is x: dividing by the shard only with the distributed optimizer is the np.where of both.
-    local_params = (dense_params / col(np.where(sharded_opt, dp_cp, 1))
-                    + expert_params / col(np.where(sharded_opt, edp, 1)))
-    optimizer = (ADAM_BYTES_PER_PARAM * local_params / hw.hbm_bytes_per_s).max(axis=0)
+    local_params = (dense_params / _row(np.where(sharded_opt, dp_cp, 1))
+                    + expert_params / _row(np.where(sharded_opt, edp, 1)))
+    return (ADAM_BYTES_PER_PARAM * local_params / hw.hbm_bytes_per_s).max(axis=0)
 
-    passes = m * visits
-    replica_step = passes * t_stage + bubble + dp_exposed + optimizer
-    straggler = stragglers.straggler_s(replica_step, dp, hw.straggler_cv)
-    step = replica_step + straggler
-    time = {"compute_s": passes * pick(compute), "tp_comm_s": passes * pick(tp_t), "cp_comm_s": passes * pick(cp_t),
-            "ep_comm_s": passes * pick(ep_t), "pp_bubble_s": bubble, "pp_p2p_s": passes * pick(p2p),
-            "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer, "offload_s": passes * pick(offload_t),
-            "straggler_s": straggler}
 
-    # Memory of each stage at its peak: model states, activations of the micro-batches in flight,
-    # the output layer's logits (one micro-batch), transient buffers and the framework's share.
+def _model_states_bytes(b: ConfigBatch, dp_cp: np.ndarray, edp: np.ndarray, dense_params: np.ndarray,
+                        expert_params: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Weights, gradients and optimizer states of each stage (K, N), bytes (``memory.model_state_bytes``),
+    a parameter EMA kept on the device counted with the optimizer states."""
     params_b, grads_b, opt_b = memory.model_state_bytes(
-        dense_params, expert_params, col(dp_cp), col(edp), col(b.sharding), grad_bytes,
-        col(b.main_params_bytes + b.exp_avg_bytes + b.exp_avg_sq_bytes))
-    if (b.parameter_ema == 1).any():  # an EMA of the parameters on the device: with the optimizer states
-        opt_b = opt_b + memory.ema_bytes(dense_params, expert_params, col(b.parameter_ema))
+        dense_params, expert_params, _row(dp_cp), _row(edp), _row(b.sharding), _row(b.main_grads_bytes),
+        _row(b.main_params_bytes + b.exp_avg_bytes + b.exp_avg_sq_bytes))
+    if (b.parameter_ema == 1).any():
+        opt_b = opt_b + memory.ema_bytes(dense_params, expert_params, _row(b.parameter_ema))
+    return params_b, grads_b, opt_b
+
+
+def _in_flight(b: ConfigBatch, st: pipeline.StageSet, split_index: np.ndarray, k: int,
+               m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each candidate stage's pipeline rank (K, N), the micro-batches of activations it holds at its peak
+    (K, N; ``pipeline.microbatches_in_flight``, with the extra one of an overlapped all-to-all,
+    ``pipeline.a2a_overlap_extra_microbatches``, where the schedule has one left to start), and that
+    extra (N,)."""
     rank = np.take(np.ascontiguousarray(st.split_rank_table[:, :k].T), split_index, axis=1)
     # (1, N) rows against (K, N) ranks: the function's [:, None] makes them (1, 1, N).
     in_flight = pipeline.microbatches_in_flight(b.pp[None, :], b.vpp[None, :], m[None, :], rank,
                                                 b.schedule[None, :])[0]
     overlap_extra = pipeline.a2a_overlap_extra_microbatches(b.vpp, m, b.moe_a2a_overlap, b.schedule)
-    held_act = act * (in_flight + col(overlap_extra) * (in_flight < col(m)))
-    # Where a rank's model chunks hold different layers, which chunks are in flight at the peak
-    # matters: replay the schedule on the chunks' bytes (tabled per distinct split and m).
+    return rank, in_flight + _row(overlap_extra) * (in_flight < _row(m)), overlap_extra
+
+
+def _layer_activations(s: _Stages) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """Activations of one micro-batch: per unit, the bytes one of its layers stores for the backward
+    ((1, N) or (K, N): a fully recomputed layer keeps only its input, Korthikanti et al. 2022 §4.2); the
+    stored bytes of each stage (K, N); and its transient buffers (K, N): the largest layer's MoE dispatch
+    buffers and, while a checkpointed layer is recomputed, its rebuilt activations."""
+    layer_act, act, transient = [], np.zeros(s.shape), np.zeros(s.shape)
+    for u in s.units:
+        c = u.cost
+        layer_act.append(_row(c.act_bytes) * u.one_minus_frac + u.frac_layer_input_bytes)
+        act += u.count * layer_act[-1]
+        rebuilt = u.recomputed * (_row(c.act_bytes) - s.layer_input_bytes)
+        transient = np.maximum(transient, (u.count > 0) * (_row(c.transient_bytes) + rebuilt))
+    return layer_act, act, transient
+
+
+def _held_activations_bytes(s: _Stages, st: pipeline.StageSet, split_index: np.ndarray, b: ConfigBatch,
+                            m: np.ndarray, act: np.ndarray, layer_act: list[np.ndarray], held: np.ndarray,
+                            overlap_extra: np.ndarray) -> np.ndarray:
+    """Stored activations of each stage at its peak (K, N), bytes: one micro-batch's times those in flight.
+    Where a rank's model chunks hold different layers, which chunks are in flight at the peak matters:
+    the schedule is replayed on the chunks' bytes (tabled per distinct split and m, ``_replayed``)."""
+    held_act = act * held
+    k = s.shape[0]
     uneven = np.take(np.ascontiguousarray(st.split_uneven_table[:, :k].T), split_index, axis=1)
     uneven &= (b.pp > 1)[None, :]
     if uneven.any():
-        held_act = _replayed(st, split_index, uneven, m, held_act, unit_chunk_col, layer_act)
-        held_act += uneven * act * col(overlap_extra)  # the replay holds no overlapped micro-batch
-    logits = n_head * col(head.act_bytes) * (1 + spec.mtp_num_layers)
+        held_act = _replayed(st, split_index, uneven, m, held_act, [u.chunk_col for u in s.units], layer_act)
+        held_act += uneven * act * _row(overlap_extra)  # the replay holds no overlapped micro-batch
+    return held_act
+
+
+def _memory(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
+            split_index: np.ndarray, s: _Stages, costs, m: np.ndarray, dp_cp: np.ndarray, edp: np.ndarray,
+            params: tuple, host_act: np.ndarray) -> dict:
+    """Memory of each stage at its peak (bytes): model states, activations of the micro-batches in flight,
+    the output layer's logits (one micro-batch), transient buffers and the framework's share; the peak
+    stage's parts; the host memory a node's offloaded activations hold; and what ``BatchResult.stage_peaks``
+    needs to rebuild any stage's peak."""
+    params_b, grads_b, opt_b = _model_states_bytes(b, dp_cp, edp, *params)
+    rank, held, overlap_extra = _in_flight(b, st, split_index, s.shape[0], m)
+    layer_act, act, transient = _layer_activations(s)
+    held_act = _held_activations_bytes(s, st, split_index, b, m, act, layer_act, held, overlap_extra)
+    logits = s.n_head * _row(s.head.act_bytes) * (1 + spec.mtp_num_layers)
     # Host memory holds the offloaded tensors of every micro-batch in flight; a node's devices are
     # counted at its busiest stage (tp, cp and ep groups fill a node before pp does).
-    host_held = host_act * (in_flight + col(overlap_extra) * (in_flight < col(m)))
-    host_per_node = host_held.max(axis=0) * min(hw.devices_per_node, devices)
+    host_per_node = (host_act * held).max(axis=0) * min(hw.devices_per_node, devices)
     fixed = logits + transient
-    activations = held_act + fixed
-    stage_peak = params_b + grads_b + opt_b + activations + hw.framework_overhead_bytes
-    peak_idx = _first_argmax(stage_peak)
-    at_peak = lambda x, flat=peak_idx * N + np.arange(N): _at(x, flat)  # noqa: E731
-    peak = at_peak(stage_peak)
+    stage_peak = params_b + grads_b + opt_b + (held_act + fixed) + hw.framework_overhead_bytes
+    N = s.shape[1]
+    dense, moe, mtp = costs[:3]
+    full = b.recompute == 2
+    rnl = np.where(b.recompute_num_layers == NO_VALUE, 1 << 30, b.recompute_num_layers)
+    at_peak = lambda x, flat=_first_argmax(stage_peak) * N + np.arange(N): _at(x, flat)  # noqa: E731
+    return dict(
+        peak_bytes=at_peak(stage_peak), peak_rank=at_peak(rank),
+        params_bytes=at_peak(params_b), grads_bytes=at_peak(grads_b), optimizer_bytes=at_peak(opt_b),
+        # the peak's parts, which add up to it: states, stored activations (the micro-batches in
+        # flight and the logits), transient buffers and the framework's overhead (a constant)
+        activations_bytes=at_peak(held_act + logits), buffers_bytes=at_peak(transient),
+        stage_peak_bytes=stage_peak.T,
+        stage_states_bytes=(params_b + grads_b + opt_b).T, stage_act_microbatch_bytes=act.T,
+        stage_fixed_bytes=(fixed + hw.framework_overhead_bytes).T,
+        host_bytes_per_node=host_per_node, stage_offload_microbatch_bytes=host_act.T,
+        layer_act_dense_bytes=dense.act_bytes + 0 * m, layer_act_moe_bytes=moe.act_bytes + 0 * m,
+        layer_act_mtp_bytes=mtp.act_bytes + 0 * m, layer_input_bytes=s.layer_input_bytes[0],
+        full_recompute_cap=np.where(full, rnl, 0).astype(np.float64), overlap_extra_microbatches=overlap_extra)
 
+
+def _utilisation(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
+                 split_index: np.ndarray, costs, step: np.ndarray, m: np.ndarray, dp: np.ndarray,
+                 visits: np.ndarray, full_layers) -> dict:
+    """Throughput (tokens/s), model FLOP/s per device, MFU (model FLOPs: Narayanan et al. SC21 §5.1) and
+    HFU (the recompute's FLOPs added: Korthikanti et al. 2022 §6) of each config."""
+    dense, moe = costs[0], costs[1]
     tokens_per_step = b.global_batch_size * spec.seq_length
     tokens_per_s = tokens_per_step / step
     flops_token = model_flops_per_token(spec)
@@ -743,20 +918,46 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
     recompute_flops = per_device_group * (np.where(b.recompute == 1, layer_sel_flops, 0.0)
                                           + full_layers / spec.num_layers * layer_flops)
     hfu = (flops_token * tokens_per_step + recompute_flops) / (step * devices * hw.peak_bf16_flops)
+    return dict(tokens_per_s=tokens_per_s, tokens_per_s_per_device=tokens_per_s / devices,
+                model_tflops_per_device=model_flops_per_device / 1e12,
+                mfu=model_flops_per_device / hw.peak_bf16_flops, hfu=hfu)
 
-    return dict(
-        step_time_s=step, tokens_per_s=tokens_per_s, tokens_per_s_per_device=tokens_per_s / devices,
-        model_tflops_per_device=model_flops_per_device / 1e12,
-        mfu=model_flops_per_device / hw.peak_bf16_flops, hfu=hfu, time=time,
-        peak_bytes=peak, peak_rank=at_peak(rank),
-        params_bytes=at_peak(params_b), grads_bytes=at_peak(grads_b), optimizer_bytes=at_peak(opt_b),
-        # the peak's parts, which add up to it: states, stored activations (the micro-batches in
-        # flight and the logits), transient buffers and the framework's overhead (a constant)
-        activations_bytes=at_peak(held_act + logits), buffers_bytes=at_peak(transient),
-        stage_peak_bytes=stage_peak.T,
-        stage_states_bytes=(params_b + grads_b + opt_b).T, stage_act_microbatch_bytes=act.T,
-        stage_fixed_bytes=(fixed + hw.framework_overhead_bytes).T, microbatches=m,
-        layer_act_dense_bytes=dense.act_bytes + 0 * m, layer_act_moe_bytes=moe.act_bytes + 0 * m,
-        layer_act_mtp_bytes=mtp.act_bytes + 0 * m, layer_input_bytes=layer_input[0],
-        full_recompute_cap=np.where(full, rnl, 0).astype(np.float64), overlap_extra_microbatches=overlap_extra,
-        host_bytes_per_node=host_per_node, stage_offload_microbatch_bytes=host_act.T)
+
+def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
+           split_index: np.ndarray, k: int, costs=None, full_layers=None) -> dict:
+    """Times, throughput and memory of configs ``b`` (no validity): their splits are ``split_index``
+    into the stage sets ``st``, whose first ``k`` candidate stages are scored. ``costs``: the layer
+    costs of ``b`` and ``full_layers`` its recomputed layers, if already known."""
+    dp = np.maximum(devices // (b.tp * b.pp * b.cp), 1)
+    m = np.maximum(b.global_batch_size / (b.micro_batch_size * dp), 1.0)
+    shapes = _shapes(spec, b, dp)
+    costs = _layer_costs(spec, *_layer_inputs(spec, hw, b, shapes)) if costs is None else costs
+    s = _stages(spec, hw, b, st, split_index, k, costs, shapes)
+    # One micro-batch on each candidate stage, by effect (K, N); the slowest stage sets the pace.
+    compute, tp, cp = _compute_s(s), _tp_comm_s(s, b, hw), _cp_comm_s(s)
+    ep, *ep_nic = _ep_comm_s(s, b, hw)
+    p2p = _pp_p2p_s(spec, b, shapes, dp, hw)
+    offload, host_act = _offload(s, hw)
+    stage_mb = compute + tp + cp + ep + p2p + offload
+    pick = lambda x, flat=_first_argmax(stage_mb) * len(m) + np.arange(len(m)): _at(x, flat)  # noqa: E731
+    t_stage = pick(stage_mb)
+    # DualPipe sends each micro-batch through one of a rank's two stages (half the micro-batches go
+    # each way), every other schedule through all of them.
+    visits = np.where(b.schedule == DUALPIPE, 0.5, 1.0)
+    passes = m * visits
+    windows = _pass_windows_s(s)
+    bubble = _bubble_s(b, t_stage, pick, *windows)
+    params = _stage_params(s)
+    dp_cp, edp = _dp_groups(b, dp)
+    dp_exposed = _dp_exposed_s(b, hw, dp_cp, edp, *_dp_sync_s(spec, b, hw, dp_cp, edp, *params), windows, ep_nic)
+    optimizer = _optimizer_s(b, hw, dp_cp, edp, *params)
+    replica_step = passes * t_stage + bubble + dp_exposed + optimizer
+    straggler = stragglers.straggler_s(replica_step, dp, hw.straggler_cv)
+    step = replica_step + straggler
+    time = {"compute_s": passes * pick(compute), "tp_comm_s": passes * pick(tp), "cp_comm_s": passes * pick(cp),
+            "ep_comm_s": passes * pick(ep), "pp_bubble_s": bubble, "pp_p2p_s": passes * pick(p2p),
+            "dp_comm_exposed_s": dp_exposed, "optimizer_s": optimizer, "offload_s": passes * pick(offload),
+            "straggler_s": straggler}
+    return dict(step_time_s=step, time=time, microbatches=m,
+                **_utilisation(spec, hw, devices, b, st, split_index, costs, step, m, dp, visits, full_layers),
+                **_memory(spec, hw, devices, b, st, split_index, s, costs, m, dp_cp, edp, params, host_act))

@@ -1,6 +1,6 @@
 """Inference (rollout) costs: KV-cache memory, prefill and decode of one engine instance.
 
-The first part of RL planning (issue 13): a rollout engine instance (vLLM / vLLM-Ascend) spans ``tp``
+The rollout half of RL planning: a rollout engine instance (vLLM / vLLM-Ascend) spans ``tp``
 devices; dense weights and attention heads are split over them, a MoE model's experts too (expert
 parallel inside the instance: ``--enable-expert-parallel``, EP = TP). Arrays are per instance config,
 broadcast together; sizes bytes, times seconds.

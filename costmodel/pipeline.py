@@ -464,7 +464,8 @@ class Memo(dict):
     """A dict of numpy results that forgets everything when it would pass ``max_entries`` entries or
     ``max_bytes`` bytes, and never keeps an entry above a sixteenth of them: the search asks for the
     same few thousand splits and replays again and again, while a long-lived server must not keep what
-    one request for a 10,000-stage pipeline built (memory that was never given back)."""
+    one request for a 10,000-stage pipeline built (a plain cache would hold that memory for the
+    process's life)."""
 
     def __init__(self, max_entries: int, max_bytes: int):
         super().__init__()

@@ -4,16 +4,26 @@ It keeps the best configs and the counts, not a record per config, so memory sta
 the space; it is the ground truth wherever the space can be enumerated. What it keeps is every config
 ranked ahead of (or at) the best config of the K-th best parallel layout: that holds the top K configs,
 the best config of each of the top K layouts, and their exact ranks.
+
+Most of a large space cannot reach that cut, and the engine decides it without scoring it: one config per
+layout row (its layout, split and micro-batch) scored with the options that make a step shortest (no
+recompute, no offload, every overlap on) bounds the throughput of all its options from above
+(``_row_bounds``); once the kept configs hold K layouts, rows whose bound is below the cut are counted as
+pruned. The rows with the highest bounds are scored first, so the cut is known early. Scoring the rest in
+any order gives the same kept set (``_Kept.merge``), so the result equals a plain full scan's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import numpy as np
 
-from costmodel import evaluate_batch
+from costmodel import evaluate_batch, stragglers
+from costmodel.batch import NO_VALUE
+from costmodel.hardware import Hardware
+from costmodel.pipeline import unique_rows
 
 from .objective import ranking_tokens_per_s
 from .space import SearchSpace
@@ -100,33 +110,60 @@ class _Kept:
 
 def _layout_codes(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
     """The distinct layouts of the space (rows of ``LAYOUT_FIELDS`` values) and each parallel row's one."""
-    cols = np.stack([space.parallel[k] for k in LAYOUT_FIELDS], axis=1)
-    shapes, inverse = np.unique(cols, axis=0, return_inverse=True)
-    return shapes, inverse.ravel()
+    return unique_rows([np.asarray(space.parallel[k], dtype=np.int64) for k in LAYOUT_FIELDS])
+
+
+def _row_bounds(space: SearchSpace) -> np.ndarray:
+    """An upper bound on the tokens/s of every option of each layout row of ``space`` (inf where unknown).
+
+    Each row is scored once with no recompute, no offload and both overlaps on. Every option of the row
+    has the same layer costs but for what its recompute adds (the selective modules' or the recomputed
+    layers' passes, never negative), the same or more exposed TP and EP traffic (less overlap), and
+    offload time >= 0; so each stage's micro-batch time, the slowest stage's (``t_stage``) and the 1F1B
+    bubble ((pp - 1)/vpp of it) are at least the bound row's, and the data-parallel and optimizer terms
+    are >= 0. The bound step is those parts (less one part in 10^9 for the order of the float sums) plus
+    the stragglers' wait on it; a DualPipe row's bubble is taken as 0."""
+    n = len(space.parallel["tp"])
+    rows = np.arange(n)
+    b = space.make_batch(rows, np.zeros(n, dtype=np.int64))
+    b = replace(b, recompute=np.zeros(n, dtype=np.int64), recompute_num_layers=np.full(n, NO_VALUE, dtype=np.int64),
+                offload_modules=np.zeros(n, dtype=np.int64), tp_comm_overlap=np.ones(n, dtype=bool),
+                moe_a2a_overlap=np.ones(n, dtype=bool))
+    br = evaluate_batch(space.spec, space.profile, space.devices, b, keep_stages=False)
+    t = br.time
+    per_stage = t["compute_s"] + t["tp_comm_s"] + t["cp_comm_s"] + t["ep_comm_s"] + t["pp_p2p_s"] + t["offload_s"]
+    replica = (per_stage + np.where(b.schedule == 0, t["pp_bubble_s"], 0.0)) * (1.0 - 1e-9)
+    dp = np.maximum(space.devices // (b.tp * b.pp * b.cp), 1)
+    step = replica + stragglers.straggler_s(replica, dp, Hardware.from_profile(space.profile).straggler_cv)
+    bound = space.global_batch_size * space.spec.seq_length / step
+    return np.where(np.isfinite(bound) & (step > 0), bound, np.inf)
 
 
 def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None = None,
-                   batch_size: int = 200_000, margin_gib: float = 0.0) -> Ranked:
+                   batch_size: int = 200_000, margin_gib: float = 0.0, prune: bool = True) -> Ranked:
     """Score the whole space; rank configs that keep ``margin_gib`` of headroom (GiB) first.
 
     Two passes: every config whose option offloads nothing (or is its own counterpart, where offload is
     pinned), then each offload plan whose counterpart without offload (``SearchSpace.offload_counterpart``:
     same layout, micro-batch and other options) does not fit or keep the margin. Elsewhere an offload plan
     can only repeat its counterpart, slower or as fast, and ranks after it: it is decided unscored, as
-    the samplers decide it (``scored_groups``), so both engines rank the same configs. ``trials`` counts
-    every config of the space (scored or so decided); ``feasible_trials`` and each layout's ``variants``
-    the feasible configs scored."""
+    the samplers decide it (``scored_groups``), so both engines rank the same configs. ``prune``: decide
+    the rows that cannot reach the cut by their bound (``_row_bounds``; False: the plain full scan).
+    ``trials`` counts every config of the space (scored or so decided); ``feasible_trials`` and each
+    layout's ``variants`` the feasible configs scored; ``extra`` the configs scored and pruned."""
     total = space.size
     mask = space._option_mask()
     base = np.asarray(space.offload_counterpart, dtype=np.int64)
     plain = base == np.arange(len(base))
     run = _Run(space, top_k, margin_gib, progress, total)
+    bounds = _row_bounds(space) if prune else None
+    first = mask & plain[None, :]
     keeps = np.zeros(mask.shape, dtype=bool)  # (row, option) scored, fits and keeps the margin
-    for rows, opts, br, ok, room in run.score(mask & plain[None, :], batch_size):
+    for rows, opts, br, ok, room in run.score(first, batch_size, bounds):
         keeps[rows[ok[room >= margin_gib]], opts[ok[room >= margin_gib]]] = True
     second = mask & ~plain[None, :] & ~keeps[:, base]
-    run.skipped = int(mask.sum()) - run.done - int(second.sum())
-    for _ in run.score(second, batch_size):
+    run.skipped = int(mask.sum()) - int(first.sum()) - int(second.sum())
+    for _ in run.score(second, batch_size, bounds):
         pass
     return run.ranked()
 
@@ -139,14 +176,57 @@ class _Run:
         self.shapes, self.layout_of_row = _layout_codes(space)
         self.variants = np.zeros(len(self.shapes), dtype=np.int64)
         self.kept = _Kept.empty()
-        self.feasible, self.done, self.skipped = 0, 0, 0
+        self.feasible, self.done, self.skipped, self.pruned, self.index_base = 0, 0, 0, 0, 0
         self.min_peak, self.min_at = np.inf, None
 
-    def score(self, mask: np.ndarray, batch_size: int):
-        """Score the pairs of ``mask`` in chunks, keeping the best; yields each chunk's (rows, options,
-        result, feasible positions, their headroom in GiB)."""
+    def cut_tokens(self) -> float | None:
+        """Tokens/s of the best config of the K-th best layout so far, where configs below it cannot enter
+        the kept set whatever their memory: it keeps the margin (else a slower config that keeps it would
+        rank ahead). None before K layouts are kept. Under the goodput objective these are the ranking's
+        tokens/s (throughput × goodput, never above the throughput a row's bound caps), so the cut stays exact."""
+        kept = self.kept
+        if len(kept.layout) == 0 or kept.short[-1] or len(np.unique(kept.layout)) < self.top_k:
+            return None
+        return float(kept.tokens[-1])
+
+    def _row_groups(self, counts: np.ndarray, bounds: np.ndarray | None, batch_size: int):
+        """The layout rows to score (those with pairs to score, ``counts``), in groups of about ``batch_size``
+        pairs, each group in row order: without bounds all of them; with them, first the rows with the
+        highest bounds, then the others, each group without the rows whose bound is below the cut known by
+        then (their pairs counted as pruned)."""
+        rows = np.flatnonzero(counts)
+        if bounds is not None and counts.sum() > batch_size:
+            order = rows[np.argsort(-bounds[rows], kind="stable")]
+            best = np.sort(order[:int(np.searchsorted(np.cumsum(counts[order]), batch_size)) + 1])
+            yield best
+            rows = np.setdiff1d(rows, best, assume_unique=True)
+        if len(rows) == 0:
+            return
+        cum = np.cumsum(counts[rows])
+        edges = np.searchsorted(cum, np.arange(batch_size, int(cum[-1]), batch_size), side="right")
+        for group in np.split(rows, np.unique(edges)):
+            cut = None if bounds is None else self.cut_tokens()
+            if cut is not None:
+                live = bounds[group] >= cut
+                self.pruned += int(counts[group[~live]].sum())
+                group = group[live]
+            if len(group):
+                yield group
+
+    def score(self, mask: np.ndarray, batch_size: int, bounds: np.ndarray | None = None):
+        """Score the pairs of ``mask`` in chunks (those ``bounds`` cannot rule out), keeping the best; yields
+        each chunk's (rows, options, result, feasible positions, their headroom in GiB). A config's
+        position in the enumeration (row-major over the passes) breaks ties, whatever the order of scoring."""
         space = self.space
-        for rows, opts, batch in space.batches(batch_size, mask):
+        counts = mask.sum(axis=1)
+        starts = np.cumsum(counts) - counts + self.index_base  # each row's first pair's position
+        self.index_base += int(counts.sum())
+        for group in self._row_groups(counts, bounds, batch_size):
+            sub = mask[group]
+            at, opts = np.nonzero(sub)  # row-major: each layout with its allowed options
+            rows = group[at]
+            index = starts[rows] + np.cumsum(sub, axis=1)[at, opts] - 1
+            batch = space.make_batch(rows, opts)
             br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
             self.feasible += int(br.feasible.sum())
             if br.valid.any():
@@ -160,11 +240,11 @@ class _Run:
                 lay = self.layout_of_row[rows[ok]]
                 self.variants += np.bincount(lay, minlength=len(self.shapes))
                 self.kept = self.kept.merge(_Kept(room < self.margin_gib, ranking_tokens_per_s(space, br, batch)[ok],
-                                                  batch.offload_modules[ok] != 0, br.peak_bytes[ok], self.done + ok,
+                                                  batch.offload_modules[ok] != 0, br.peak_bytes[ok], index[ok],
                                                   rows[ok], opts[ok], lay), self.top_k)
             self.done += len(rows)
             if self.progress:
-                self.progress(self.done + self.skipped, self.total)
+                self.progress(self.done + self.skipped + self.pruned, self.total)
             yield rows, opts, br, ok, room
 
     def ranked(self) -> Ranked:
@@ -178,4 +258,5 @@ class _Run:
         return Ranked(configs=configs, trials=self.total, feasible_trials=self.feasible,
                       smallest_peak_gib=None if self.min_at is None else self.min_peak / 2**30,
                       smallest_peak_config=None if self.min_at is None else space.config(*self.min_at),
-                      layouts=layouts, feasible_layouts=int((self.variants > 0).sum()))
+                      layouts=layouts, feasible_layouts=int((self.variants > 0).sum()),
+                      extra={"configs_scored": self.done, "configs_pruned": self.pruned})
