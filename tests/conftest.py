@@ -40,10 +40,15 @@ DURATIONS_FILE = Path(__file__).with_name("durations.json")
 def _group(item) -> str:
     """The xdist group of a test: its own ``xdist_group`` mark if it has one (modules that share an
     in-process cache name one group), ``serial`` for the serial-marked, else its module, so that a module's
-    ``scope="module"`` fixtures (servers, searches) are built once, on the one worker that runs the module."""
+    ``scope="module"`` fixtures (servers, searches) are built once, on the one worker that runs the module.
+
+    The PostgreSQL-marked tests are serial too: they share the one server ``scripts/test`` starts, and some
+    of them take it away (SIGSTOP of the whole server, connections held on their database), which a test of
+    another module running beside them would see as its own failure."""
     if (mark := item.get_closest_marker("xdist_group")) is not None:
         return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-    return SERIAL_GROUP if item.get_closest_marker("serial") else item.nodeid.split("::")[0]
+    serial = item.get_closest_marker("serial") or item.get_closest_marker("postgres")
+    return SERIAL_GROUP if serial else item.nodeid.split("::")[0]
 
 
 def _tag(item, group: str) -> None:

@@ -231,18 +231,17 @@ def _postgres_pids(admin_url: str) -> list[int]:
     """The postmaster of the test server and its children (found from a backend's parent)."""
     import sqlalchemy as sa
 
-    engine = sa.create_engine(admin_url)
-    with engine.connect() as conn:
-        backend = conn.scalar(sa.text("SELECT pg_backend_pid()"))
-    engine.dispose()
-
     def ppid(pid) -> int | None:
         try:
             return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             return None
 
-    postmaster = ppid(backend)
+    engine = sa.create_engine(admin_url)
+    with engine.connect() as conn:  # the backend's parent read while it lives: it exits with the connection
+        postmaster = ppid(conn.scalar(sa.text("SELECT pg_backend_pid()")))
+    engine.dispose()
+    assert postmaster is not None, "the test server's postmaster was not found"
     children = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and ppid(p.name) == postmaster]
     return [postmaster, *children]
 
