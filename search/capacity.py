@@ -1,6 +1,6 @@
 """Capacity planning: for each device count of a range, the best config, days to train T tokens,
 device-hours, cost, the Pareto front of days against device-hours, and the smallest count that meets a
-deadline (issue 14 item 2; ``docs/search.md``, "Capacity planning").
+deadline (``docs/search.md``, "Capacity planning").
 
 Every count is one exhaustive search (``run_search(sampler="exhaustive")``, one vectorised pass: the
 planning pins leave no offload plan for a second pass) over the *planning space*: the parallel layout

@@ -4,10 +4,10 @@ Optuna's ``_CachedStorage`` (the wrapper ``optuna.create_study`` puts around an 
 finished trials only, so each trial a worker runs costs about 16 transactions and reads: the trial is
 read back after ``ask``, every ``suggest_*`` is its own transaction (7 per trial here), the constraint
 and the ``worker`` attribute are one each, and ``tell`` reads the trial twice before and after writing
-its state. On SQLite that was 12 s of a 21 s 200-trial Pangu job (issue 19's CI budget is 30 s over
-HTTP). :class:`OwnTrialsStorage` keeps the running trials this process asked in memory, since no one
-else writes them (another worker may only fail one that looks stale; that is seen at the next write,
-as before):
+its state. On SQLite that was 12 s of a 21 s 200-trial Pangu job (tests/test_service_e2e.py allows the
+job 30 s over HTTP). :class:`OwnTrialsStorage` keeps the running trials this process asked in memory,
+since no one else writes them (another worker may only fail one that looks stale; that is seen at the
+next write, as before):
 
 * reads of an own running trial are served from memory;
 * its parameters are kept until :meth:`OwnTrialsStorage.write_params` writes each trial's in one

@@ -1,4 +1,4 @@
-"""Runs 'measured' on a known, changed Ascend 910B (issue 14's "Done when"): the shipped profile with
+"""Runs 'measured' on a known, changed Ascend 910B: the shipped profile with
 GEMMs 10 % less efficient (``gemm_eff_max`` x 0.9: x 1.1 would pass the bound of 0.95 from the calibrated 0.88) and a 30 % slower scale-out link (the efficiency
 factor ``scale_out_bw_eff`` x 0.7, which is what the fit can move: the bandwidth fact is the NIC's line
 rate). A fit of the shipped profile on them has a right answer to recover.

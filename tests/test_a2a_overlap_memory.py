@@ -1,4 +1,4 @@
-"""The memory of the expert all-to-all overlap (issue 16 item 2): Megatron-Core's combined 1F1B runs one
+"""The memory of the expert all-to-all overlap: Megatron-Core's combined 1F1B runs one
 more forward in its warm-up, so one more model chunk's activations are alive."""
 
 import numpy as np

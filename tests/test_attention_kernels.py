@@ -1,4 +1,4 @@
-"""Attention kernels (issue 33): FlashAttention's sequence fill, the unfused path that materialises the
+"""Attention kernels: FlashAttention's sequence fill, the unfused path that materialises the
 s x s scores, unfused element-wise activations and Gemma-2's soft-capping. Every number is worked by hand
 from the formula in docs/costmodel.md on the round test profile (conftest ROUND_FACTS/ROUND_EFFICIENCY:
 peak 1000 TFLOP/s, attn_eff 0.5, gemm_eff_max 0.8, half-efficiency GEMM 2 GFLOP, HBM 2000 GB/s x 0.8 =

@@ -20,7 +20,7 @@ KEY_B = "pk-bravo-58a2e6d1c07b"
 EVAL_BODY = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 8,
              "config": {"tp": 2, "global_batch_size": 64}}
 BODIES = {"/v1/jobs": TINY_JOB, "/v1/evaluate": EVAL_BODY}
-# The calibration routes' bodies (issue 14): one measured run, and a refit kept short.
+# The calibration routes' bodies: one measured run, and a refit kept short.
 CALIBRATION_BODIES = {
     "/v1/clusters/{name}/measurements": {"name": "team-run", "devices": 8, "model": "tiny-moe",
                                          "config": {"tp": 2, "global_batch_size": 64},

@@ -1,4 +1,4 @@
-"""``paraplan calibrate`` (issue 14 item 1, the command line): the team's runs in, a fitted profile out.
+"""``paraplan calibrate`` (the command line): the team's runs in, a fitted profile out.
 
 The measured runs are synthesised from a known, changed 910B profile (GEMMs 10 % faster, the scale-out
 link 30 % slower: ``calibration_util``), so the fit has a right answer to recover; bad files and names

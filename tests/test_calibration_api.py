@@ -1,4 +1,4 @@
-"""Measurements and profile versions over the API in-process (issue 14 item 1, the service): bad runs are
+"""Measurements and profile versions over the API in-process (the service): bad runs are
 422s naming the field, the shapes, paging and deletion, isolation per API key, `"cluster": "name@n"` in
 evaluate and jobs, the version's report. The factor recovery and the restart run over real HTTP
 (test_calibration_e2e.py)."""

@@ -1,4 +1,4 @@
-"""Calibration through the service end to end (issue 14's "Done when"): `paraplan serve` over real HTTP on a
+"""Calibration through the service end to end: `paraplan serve` over real HTTP on a
 real SQLite file, with API keys. Measurements synthesised from the changed 910B (``calibration_util``:
 GEMMs 10 % faster, scale-out link 30 % slower) are posted, a version is refitted on them and recovers
 both factors; a job on ``ascend-910b@1`` ranks configs as ``search.run_search`` does with the fitted

@@ -1,4 +1,4 @@
-"""DualPipe and DualPipeV (issue 16 item 3): bubble, memory and placement against DeepSeek-V3's Table 2 and
+"""DualPipe and DualPipeV: bubble, memory and placement against DeepSeek-V3's Table 2 and
 MindSpeed's DualPipeV, their validity rules, the search and the export."""
 
 import json
@@ -169,7 +169,7 @@ def test_the_search_offers_what_each_framework_runs():
 
 
 def test_combined_1f1b_needs_interleaving_on_megatron_only():
-    """Issue 16 item 2: Megatron-Core's combined 1F1B with pp > 1 needs vpp > 1 (refused naming the field);
+    """Megatron-Core's combined 1F1B with pp > 1 needs vpp > 1 (refused naming the field);
     MindSpeed's --moe-alltoall-overlap-comm runs that layout, and DualPipeV pairs the passes itself."""
     spec = model_presets.load("tiny-moe")
     cfg = TrainingConfig(pp=2, ep=2, global_batch_size=64, moe_a2a_overlap=True)

@@ -1,4 +1,4 @@
-"""Issue 17, the edges a new user finds: one set of bounds for CLI, API and files (huge numbers exit 2 at
+"""The edges a new user finds: one set of bounds for CLI, API and files (huge numbers exit 2 at
 once naming the field), tests that never change the machine, and outputs that say what they do (no Optuna
 log on stderr, the applied MoE load imbalance in the report, --trials on an exhaustive job, a closed pipe,
 80-column tables, reasons that need an undefined dp, the virtual-stages flag with pp 1).

@@ -1,4 +1,4 @@
-"""Fair shares of the workers across API keys (issue 19, ``app/service/fair_share.py``): the claim order,
+"""Fair shares of the workers across API keys (``app/service/fair_share.py``): the claim order,
 the per-key caps, and a worker that leaves a shared job for another key's waiting job. Real SQLite files,
 real workers (in threads here; as processes over HTTP in tests/test_resilience.py)."""
 

@@ -1,4 +1,4 @@
-"""Issue 33: what FP8 and the all-to-all overlap cost, and the memory DeepSeek-V3-style runs save.
+"""What FP8 and the all-to-all overlap cost, and the memory DeepSeek-V3-style runs save.
 
 Each test works its numbers by hand from the formula in docs/costmodel.md ("FP8 and the all-to-all
 overlap: their costs", "Memory that DeepSeek-V3-style runs save") and asserts the model's value.

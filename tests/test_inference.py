@@ -1,4 +1,4 @@
-"""The rollout engine's cost model (issue 13 item 1), hand-worked.
+"""The rollout engine's cost model, hand-worked.
 
 KV bytes per token against the published figures (Llama 3 70B's 320 KiB; DeepSeek-V2/V3's 576
 elements per layer), decode in its two regimes (memory-bound at small batches, compute-bound at

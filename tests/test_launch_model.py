@@ -1,4 +1,4 @@
-"""The exported launch builds the planned model and split (issue 18).
+"""The exported launch builds the planned model and split.
 
 Each export is read back the way the framework reads it: the flags parsed with the framework's own defaults
 for the model's options (Megatron-LM's are GPT-2's: LayerNorm, learned absolute positions, biases on, GeLU,
@@ -324,7 +324,7 @@ def test_dense_pipeline_splits_with_vpp():
     assert "--decoder-first-pipeline-num-layers" in tokens  # exact: stated as Megatron's own flags
 
 
-# ---- the rules of issue 18 -------------------------------------------------------------------------
+# ---- the rules Megatron applies to a pasted launch --------------------------------------------------
 
 def test_the_vocabulary_is_not_padded_beyond_the_plan():
     spec = load_model("qwen3-235b-a22b")  # 151,936 = 2^7 · 1187: Megatron's default would pad it at tp 2 and up

@@ -1,11 +1,11 @@
-"""Megatron-LM's own argument parsing and validation on the exported flags (issue 18).
+"""Megatron-LM's own argument parsing and validation on the exported flags.
 
 ``parse_args`` + ``validate_args`` + ``core_transformer_config_from_args`` (which builds and checks the
 ``TransformerConfig``) of Megatron-LM core_v0.16.1: the ``megatron-core`` wheel from PyPI (megatron/core)
 and the argument module of megatron/training vendored in tests/vendor/megatron_lm (README.md there), run
 on torch for CPU in a subprocess (tests/vendor/megatron_lm/validate.py says what it stubs: the device
 probes only). Cases: the top configs of a Megatron-planned search of every preset (the read-back test's
-searches), one config of each pipeline-split kind, and the configs of issue 18.
+searches), one config of each pipeline-split kind, and configs Megatron once rejected.
 
 Needs torch and megatron-core in the interpreter (this one, or ``PARAPLAN_MEGATRON_PYTHON``); .ci/run
 installs them (PyPI's torch, whose CUDA libraries it links even on a CPU). Without them the test skips
@@ -107,8 +107,8 @@ def test_megatron_accepts_each_pipeline_split_kind(megatron):
     assert not _rejected(results), _rejected(results)
 
 
-# The configs issue 18 quotes as rejected (what Megatron refused, and why the export now passes)
-ISSUE_CASES = {
+# Configs whose export Megatron once rejected (what Megatron refused, and why the export now passes)
+ONCE_REJECTED = {
     # interleaved with pp 2: Megatron's p2p overlap is on by default, so pp 2 is allowed
     "llama3-70b tp4 pp2 vpp4": ("llama3-70b", {"tp": 4, "pp": 2, "vpp": 4, "global_batch_size": 1024}, 512),
     # fp8 with layernorm and moe_act recompute: the tensorwise recipe
@@ -133,9 +133,9 @@ ISSUE_CASES = {
 }
 
 
-def test_megatron_accepts_the_configs_issue_18_quotes(megatron):
+def test_megatron_accepts_the_configs_it_once_rejected(megatron):
     cases = [(name, launch_args(cfg, load_model(model), "megatron", 8), world)
-             for name, (model, cfg, world) in ISSUE_CASES.items()]
+             for name, (model, cfg, world) in ONCE_REJECTED.items()]
     results = megatron(cases)
     assert not _rejected(results), _rejected(results)
 

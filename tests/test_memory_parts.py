@@ -1,4 +1,4 @@
-"""The memory breakdown adds up (issue 18): params + grads + optimizer + activations + buffers + overhead
+"""The memory breakdown adds up: params + grads + optimizer + activations + buffers + overhead
 = peak_gib for every result, as the time parts add up to step_time_s; the CLI tables show every part."""
 
 import json

@@ -1,5 +1,5 @@
 """MoE token dispatchers (``moe_token_dispatcher_type``), the expert-TP communication and the load
-imbalance at ep 1 (issue 33), one hand-worked case each.
+imbalance at ep 1, one hand-worked case each.
 
 Hardware: ``round_profile`` (conftest.py): scale-up 400 GB/s × 0.75 = 300 GB/s per device inside a
 switched 8-device domain, 5 µs per ring step; HBM 2,000 GB/s × 0.8 = 1,600 GB/s. Model: tiny-mla-moe

@@ -1,4 +1,4 @@
-"""Activation offload (issue 12 item 1): ``offload_modules`` moves each named module's saved input to
+"""Activation offload: ``offload_modules`` moves each named module's saved input to
 host memory. Hand-worked on tiny-dense (4 layers, h 256, seq 512) on one device with pp 1, where one
 micro-batch is in flight: the layer input (``attn_norm``) is 2 B · 512 · 256 = 262,144 B per layer."""
 

@@ -1,4 +1,4 @@
-"""Pipeline splits balanced by cost (issue 16): the split is the most even contiguous one by the
+"""Pipeline splits balanced by cost: the split is the most even contiguous one by the
 contract's FLOP count, the search offers it, and it moves the heavy LM head and MTP off the even rule."""
 
 import itertools

@@ -1,5 +1,4 @@
-"""Peak activation memory of uneven interleaved splits against a replay of Megatron-Core's schedule
-(issue 11 item 4(e)).
+"""Peak activation memory of uneven interleaved splits against a replay of Megatron-Core's schedule.
 
 The hand-worked case is pp = 2, vpp = 2, m = 4 (micro-batch group = pp = 2). Megatron-Core's
 schedule table runs micro-batches 0, 1 through chunk 0, then chunk 1, then 2, 3 through chunk 0, then

@@ -208,7 +208,7 @@ def test_report_command_from_a_server(tmp_path):
 
 
 
-# ---- what the report looks like in Chromium (issue 18): the best config visible, integer stage ticks,
+# ---- what the report looks like in Chromium: the best config visible, integer stage ticks,
 # titles inside their panels and clear of the mode bar --------------------------------------------------
 # Injected into a copy of the page: once Plotly has drawn, it writes each plot's panel, title and mode-bar
 # boxes, its x tick labels and, per trace, the drawing order and which probes of each marker hit the trace
@@ -325,7 +325,7 @@ def test_memory_plot_ticks_one_integer_per_stage():
     assert x["tickvals"] == [0] and x["range"] == [-0.5, 0.5]  # one stage: one tick, the point mid-plot
 
 
-# ---- routing and offload (issue 12) ----------------------------------------------------------------------
+# ---- routing and offload ---------------------------------------------------------------------------------
 # A real search whose best config offloads (pinned) and states the router's loads (hand-worked in
 # tests/test_routing.py: 4,3,2,1,1,1,1,1 on ep 2 gives ranks 10 and 4 of a mean 7 placed contiguously,
 # 7 and 7 balanced).

@@ -1,6 +1,6 @@
-"""Issue 19 over real HTTP (`paraplan serve` on loopback): a burst of one Idempotency-Key, database
-errors as 503, liveness apart from readiness, DELETE of a running job, degenerate profiles, the
-biggest evaluates at once under a memory bound.
+"""The service under load and database faults, over real HTTP (`paraplan serve` on loopback): a burst
+of one Idempotency-Key, database errors as 503, liveness apart from readiness, DELETE of a running job,
+degenerate profiles, the biggest evaluates at once under a memory bound.
 
 The bursts are sent with raw asyncio streams (a few microseconds of client CPU per request), so that what
 is measured is the server, not an HTTP client sharing the two cores with it."""

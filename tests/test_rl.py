@@ -1,4 +1,4 @@
-"""The RL step (issue 13): decode and KV for an MLA model hand-worked, generation waves, expert
+"""The RL step: decode and KV for an MLA model hand-worked, generation waves, expert
 parallelism inside the engine, the phases adding up, co-located memory phase by phase, the
 disaggregated split against a full sweep, and the CLI's input errors."""
 

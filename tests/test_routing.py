@@ -1,4 +1,4 @@
-"""Expert load from a routing distribution and its placement on EP ranks (issue 12 item 2)."""
+"""Expert load from a routing distribution and its placement on EP ranks."""
 
 import json
 import subprocess

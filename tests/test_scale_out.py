@@ -43,7 +43,7 @@ JOB = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 64, "globa
 FAST = {"PARAPLAN_POLL_S": "0.1", "PARAPLAN_LEASE_S": "4", "PARAPLAN_TRIAL_HEARTBEAT_S": "1",
         "PARAPLAN_TRIAL_GRACE_S": "5"}
 # Waits on whole jobs fail when the job stops advancing for this long, not after a fixed total: on a loaded
-# 2-core machine 600 trials took longer than 180 s while advancing all the time (issue 18). Progress is
+# 2-core machine 600 trials took longer than 180 s while advancing all the time. Progress is
 # updated at least every 2 s while a job runs (CONTRACT.md), so a minute without any is a stuck job.
 STALL_S = 60.0
 
@@ -90,7 +90,7 @@ def test_three_workers_share_one_study_and_never_overshoot(api, tmp_path):
 
 
 def test_three_workers_share_one_study_beside_cpu_bound_processes(api, tmp_path, cpu_hogs):
-    """The same on a machine kept busy (issue 18: CI's 2 cores are shared): one CPU-bound process per core
+    """The same on a machine kept busy (CI's 2 cores are shared with other jobs): one CPU-bound process per core
     runs beside the workers for the whole job, which then takes longer but still advances, so the
     progress-based wait passes where the fixed 180 s total failed at 533 of 600 trials."""
     _three_workers_share_one_study(*api, tmp_path, n_trials=300)

@@ -1,4 +1,4 @@
-"""Stragglers (issue 16 item 4): the step waits for the slowest data-parallel replica.
+"""Stragglers: the step waits for the slowest data-parallel replica.
 
 The expected maximum is checked against its closed forms and the published tables; the step's wait
 against the formula of docs/costmodel.md worked out here; the calibration against the published

@@ -119,7 +119,7 @@ def evaluate(model, cluster, devices, config, seq_length, as_json) -> None:
         fail(exc)
     result = evaluate_config(spec, profile, devices, cfg)
     try:
-        check_finite(result, profile)  # a degenerate profile: exit 2 naming the fact, not nulls (issue 19)
+        check_finite(result, profile)  # a degenerate profile: exit 2 naming the fact, not nulls
     except InputError as exc:
         fail(exc)
     if as_json:

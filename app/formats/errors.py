@@ -1,6 +1,6 @@
 """The one error type of bad user input, in a module of its own so that every reader of user input
-(``inputs.py``, ``hf_config.py``, ...) imports it from here and none has to import another for it (issue 15:
-``hf_config`` and ``inputs`` used to import each other)."""
+(``inputs.py``, ``hf_config.py``, ...) imports it from here and none has to import another for it (with
+the type in one of them, ``hf_config`` and ``inputs`` imported each other)."""
 
 from __future__ import annotations
 

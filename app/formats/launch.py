@@ -191,7 +191,7 @@ def launch_args(config: dict | TrainingConfig, spec: ModelSpec, fmt: str = "mega
     g = e.groups
     split = e.split.flags
     if cfg.pp == 1 and "--num-virtual-stages-per-pipeline-rank" in split:
-        # Older Megatron-LM releases assert this flag only with pipeline parallelism (issue 17); with pp 1 it
+        # Older Megatron-LM releases assert this flag only with pipeline parallelism; with pp 1 it
         # states nothing (one stage, one chunk)
         i = split.index("--num-virtual-stages-per-pipeline-rank")
         split = split[:i] + split[i + 2:]

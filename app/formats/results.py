@@ -5,7 +5,7 @@ When the devices do not divide by tp·pp·cp, dp (devices / (tp·pp·cp)) is und
 need dp (``ep*etp must divide tp*cp*dp``, ``global_batch_size ... divisible by micro_batch_size*dp``)
 would be stated with a rounded-down dp that no launch could have (``tp*cp*dp=368`` for 6,000 devices
 and tp·pp·cp = 128): after the clear reason ``devices=... is not divisible by tp*pp*cp=...`` they are
-left out (issue 17). The config is infeasible either way; only the list of reasons changes.
+left out. The config is infeasible either way; only the list of reasons changes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def evaluate(spec, profile, devices: int, config) -> dict:
     return without_undefined_dp(_evaluate(spec, profile, devices, config))
 
 
-# A fact beyond these bounds is what makes a result non-finite (issue 19: a peak of 1e-308 TFLOP/s gave a
+# A fact beyond these bounds is what makes a result non-finite (a peak of 1e-308 TFLOP/s gave a
 # "feasible" result with null times): named in the error when the result is not finite.
 FACT_TINY, FACT_HUGE = 1e-6, 1e12
 

@@ -1,4 +1,4 @@
-"""Fair shares of the workers across API keys (issue 19: one key's ``parallel_workers: 64`` job took
+"""Fair shares of the workers across API keys (without them, one key's ``parallel_workers: 64`` job took
 every worker and the other keys' jobs waited until it ended).
 
 Three rules, all read from the jobs and leases tables, so that every worker of every process applies

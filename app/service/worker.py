@@ -207,7 +207,7 @@ class Worker:
                                               JobLease.expires_at == lease.expires_at)).rowcount
             for lease in lost)
         if dropped:
-            # Leases found run out in one look are one loss, however many went (issue 19): a database outage
+            # Leases found run out in one look are one loss, however many went: a database outage
             # or a lost machine takes every worker of a job at once, and counting each lease made a 20 s
             # PostgreSQL restart fail a 3-worker job ("stopped 3 times") with its finished trials. A crash loop
             # (each new claim dies) still adds one loss per claim and fails after max_attempts.

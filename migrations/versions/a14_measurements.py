@@ -1,4 +1,4 @@
-"""Measured runs and profile versions (issue 14): a team's runs in, refitted cluster profiles out.
+"""Measured runs and profile versions: a team's runs in, refitted cluster profiles out.
 
 ``measurements`` holds the runs posted to ``POST /v1/clusters/{name}/measurements`` (the published-runs
 format), each owned by the API key that posted it; ``profile_versions`` the profiles refitted on them

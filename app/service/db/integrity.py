@@ -1,4 +1,4 @@
-"""The SQLite file checked before it is served (issue 19: a file with overwritten pages was served as
+"""The SQLite file checked before it is served (unchecked, a file with overwritten pages was served as
 healthy, and every request that touched a broken page failed).
 
 ``paraplan serve`` and ``paraplan worker`` run SQLite's ``PRAGMA quick_check`` (every page and index
