@@ -150,7 +150,8 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     the samplers decide it (``scored_groups``), so both engines rank the same configs. ``prune``: decide
     the rows that cannot reach the cut by their bound (``_row_bounds``; False: the plain full scan).
     ``trials`` counts every config of the space (scored or so decided); ``feasible_trials`` and each
-    layout's ``variants`` the feasible configs scored; ``extra`` the configs scored and pruned."""
+    layout's ``variants`` the feasible configs scored; ``extra`` the configs scored, pruned (bound below the cut)
+    and dominated (offload plans decided by their counterpart), which add up to ``trials``."""
     total = space.size
     mask = space._option_mask()
     base = np.asarray(space.offload_counterpart, dtype=np.int64)
@@ -259,4 +260,5 @@ class _Run:
                       smallest_peak_gib=None if self.min_at is None else self.min_peak / 2**30,
                       smallest_peak_config=None if self.min_at is None else space.config(*self.min_at),
                       layouts=layouts, feasible_layouts=int((self.variants > 0).sum()),
-                      extra={"configs_scored": self.done, "configs_pruned": self.pruned})
+                      extra={"configs_scored": self.done, "configs_pruned": self.pruned,
+                             "configs_dominated": self.skipped})

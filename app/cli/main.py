@@ -256,12 +256,17 @@ def _memory_parts_table(layouts: list[dict]) -> Table:
 
 def _search_table(result: dict, margin_gib: float) -> None:
     """The top K distinct layouts, each with its best variant (``--json`` has every ranked config)."""
-    out.print(f"engine [b]{result['engine']}[/b] · space {result['space_size']:,} configs · "
-              f"{result['trials']:,} scored · {result['feasible_trials']:,} feasible · "
+    scored, pruned = result.get("configs_scored"), result.get("configs_pruned") or 0
+    dominated = result.get("configs_dominated") or 0
+    counted = (f"{result['trials']:,} decided: {scored:,} scored, {pruned:,} bounded out (cannot reach the top), "
+               f"{dominated:,} dominated · {result['feasible_trials']:,} of the scored feasible" if pruned else
+               f"{result['trials']:,} scored · {result['feasible_trials']:,} feasible")
+    out.print(f"engine [b]{result['engine']}[/b] · space {result['space_size']:,} configs · {counted} · "
               f"{result['search_time_s']:.1f} s · memory margin {margin_gib:g} GiB", soft_wrap=False)
     layouts = result["layouts"]
-    title = (f"top {len(layouts)} layouts (of {result['feasible_layouts']:,} with a config that fits); "
-             "rank: of the best variant among all ranked configs")
+    scored_layouts = "scored layouts" if pruned else "layouts"
+    title = (f"top {len(layouts)} layouts (of {result['feasible_layouts']:,} {scored_layouts} with a config that "
+             "fits); rank: of the best variant among all ranked configs")
     table = _layouts_table(layouts, title)
     if out.measure(table, options=out.options.update_width(10_000)).maximum > out.width:
         # a terminal narrower than the wide table (e.g. 80 columns): layout and variant share one column
