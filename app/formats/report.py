@@ -384,8 +384,7 @@ def _header(result: dict) -> str:
             ("precision", inputs.get("precision")), ("MoE load imbalance", _imbalance(result)),
             ("memory margin", None if _margin(result) is None else f"{_margin(result):g} GiB"),
             ("engine", result.get("engine")), ("space size", _fmt(result.get("space_size"), ",.0f")),
-            ("trials scored", _fmt(result.get("trials"), ",.0f")),
-            ("feasible trials", _fmt(result.get("feasible_trials"), ",.0f")),
+            *_decided_rows(result),
             ("search time", f"{_fmt(result.get('search_time_s'), '.1f')} s")]
     if result.get("job_id"):
         rows.insert(0, ("job", result["job_id"]))
@@ -403,6 +402,19 @@ def _warnings(result: dict) -> str:
         return ""
     items = "".join(f"<li>{html.escape(str(w))}</li>" for w in warnings)
     return f'<ul class="warnings" id="warnings">{items}</ul>'
+
+
+def _decided_rows(result: dict) -> list[tuple[str, str | None]]:
+    """How the trials were decided: scored, or (exhaustive engine) decided unscored by the bound or by an
+    offload plan's counterpart; the feasible count is among the scored."""
+    if not result.get("configs_pruned"):
+        return [("trials scored", _fmt(result.get("trials"), ",.0f")),
+                ("feasible trials", _fmt(result.get("feasible_trials"), ",.0f"))]
+    return [("configs decided", _fmt(result.get("trials"), ",.0f")),
+            ("scored", _fmt(result.get("configs_scored"), ",.0f")),
+            ("bounded out (cannot reach the top)", _fmt(result.get("configs_pruned"), ",.0f")),
+            ("dominated (offload plans)", _fmt(result.get("configs_dominated"), ",.0f")),
+            ("feasible among the scored", _fmt(result.get("feasible_trials"), ",.0f"))]
 
 
 def _imbalance(result: dict) -> str:
