@@ -19,7 +19,14 @@ KEY_A = "pk-alpha-7c1e9b0d42f3"
 KEY_B = "pk-bravo-58a2e6d1c07b"
 EVAL_BODY = {"model": "tiny-moe", "cluster": "nvidia-h100-80gb", "devices": 8,
              "config": {"tp": 2, "global_batch_size": 64}}
-BODIES = {"/v1/jobs": TINY_JOB, "/v1/evaluate": EVAL_BODY}
+LAUNCH_TEXT = ("torchrun --nnodes 1 --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
+               "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 --max-position-embeddings 512 "
+               "--vocab-size 1024 --micro-batch-size 1 --global-batch-size 64 --bf16")
+COMPARE_BODY = {"cluster": "nvidia-h100-80gb",
+                "a": {"model": "tiny-moe", "devices": 8, "config": {"tp": 2, "global_batch_size": 64}},
+                "b": {"model": "tiny-moe", "devices": 8, "config": {"tp": 1, "global_batch_size": 64}}}
+BODIES = {"/v1/jobs": TINY_JOB, "/v1/evaluate": EVAL_BODY, "/v1/launch/import": {"text": LAUNCH_TEXT},
+          "/v1/compare": COMPARE_BODY}
 # The calibration routes' bodies: one measured run, and a refit kept short.
 CALIBRATION_BODIES = {
     "/v1/clusters/{name}/measurements": {"name": "team-run", "devices": 8, "model": "tiny-moe",

@@ -279,7 +279,9 @@ def test_a_degenerate_profile_is_refused_before_the_cost_model_runs(tmp_path):
 def test_search_ends_with_what_to_do_next_and_those_commands_work(tmp_path):
     proc = run_cli("search", *SMALL, "--global-batch-size", "64")
     assert proc.returncode == 0, proc.stderr
-    last = proc.stdout.rstrip().splitlines()[-1]
+    lines = proc.stdout.rstrip().splitlines()
+    at = max(i for i, line in enumerate(lines) if line.startswith("next: "))
+    last = " ".join(lines[at:])  # the closing paragraph, wrapped to the terminal's width
     assert last.startswith("next: add --json > result.json"), last
     commands = re.findall(r"`(paraplan [^`]+)`", last)
     assert [c.split()[1] for c in commands] == ["report", "export", "compare"], last

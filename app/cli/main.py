@@ -370,7 +370,7 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
         print_json(full)
     elif result["top"]:
         _search_table(result, memory_margin_gib)
-        out.print(next_steps(req.framework), highlight=False, soft_wrap=True)  # one line, which a terminal wraps
+        out.print(next_steps(req.framework), highlight=False, soft_wrap=False)
     best = result["best"]
     if best is not None and best.get("keeps_margin") is False:
         err.print(f"[yellow]warning:[/yellow] no config keeps the {memory_margin_gib:g} GiB memory margin; the best "
