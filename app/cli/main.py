@@ -258,7 +258,7 @@ def _search_table(result: dict, margin_gib: float) -> None:
     """The top K distinct layouts, each with its best variant (``--json`` has every ranked config)."""
     scored, pruned = result.get("configs_scored"), result.get("configs_pruned") or 0
     dominated = result.get("configs_dominated") or 0
-    counted = (f"{result['trials']:,} decided: {scored:,} scored, {pruned:,} bounded out (cannot reach the top), "
+    counted = (f"{result['trials']:,} decided: {scored:,} scored, {pruned:,} bounded out, "
                f"{dominated:,} dominated · {result['feasible_trials']:,} of the scored feasible" if pruned else
                f"{result['trials']:,} scored · {result['feasible_trials']:,} feasible")
     out.print(f"engine [b]{result['engine']}[/b] · space {result['space_size']:,} configs · {counted} · "
