@@ -269,3 +269,19 @@ def peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmHWM")
+
+
+def read_pty(master: int) -> bytes:
+    """Everything a child process wrote to the pseudo-terminal whose master end is ``master``, until the
+    child closes it (Linux answers EIO then); closes ``master``."""
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return b"".join(chunks)

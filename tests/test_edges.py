@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from app.formats.bounds import MAX_DEVICES, MAX_GLOBAL_BATCH_SIZE, MAX_TRIALS
-from service_util import CI_ENV, ROOT, require_chromium, run_cli, running_server
+from service_util import CI_ENV, ROOT, read_pty, require_chromium, run_cli, running_server
 
 HUGE = "99999999999999999999"  # beyond int64: the OverflowError of the issue
 SMALL = ["--model", "tiny-moe", "--cluster", "nvidia-h100-80gb", "--devices", "8"]
@@ -201,19 +201,10 @@ def _pty_run(argv: list[str], cols: int = 80, timeout: float = 180) -> tuple[int
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
     os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
+    output = read_pty(master)
     err = proc.stderr.read().decode()
     proc.wait(timeout=timeout)
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode()).replace("\r", "")
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode()).replace("\r", "")
     return proc.returncode, text, err
 
 

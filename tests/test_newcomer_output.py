@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from service_util import ROOT, free_port, require_chromium, run_cli, wait_for
+from service_util import ROOT, free_port, read_pty, require_chromium, run_cli, wait_for
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import report_screenshot as shot  # noqa: E402
@@ -92,18 +92,9 @@ def _stderr_on_a_terminal(argv: list[str], timeout: float = 600) -> tuple[int, s
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=slave, stdin=subprocess.DEVNULL,
                             env=env)
     os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
+    output = read_pty(master)
     proc.wait(timeout=timeout)
-    return proc.returncode, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    return proc.returncode, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode(errors="replace"))
 
 
 def test_rl_says_it_runs_and_names_waves_in_the_singular():
