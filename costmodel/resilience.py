@@ -265,15 +265,27 @@ def goodput_block(profile: ClusterProfile, devices: int, evaluation: dict, confi
 FALLBACK_HOST_BYTES_PER_S = 32e9
 
 
+def checkpoint_links(profile: ClusterProfile) -> tuple[float, float]:
+    """The links a checkpoint crosses, bytes/s per device: to host memory (``FALLBACK_HOST_BYTES_PER_S``
+    where the profile states none) and out of the node (the in-memory copy to a peer)."""
+    from .hardware import Hardware
+
+    hw = Hardware.from_profile(profile)
+    return hw.host_bytes_per_s or FALLBACK_HOST_BYTES_PER_S, hw.scale_out_bytes_per_s
+
+
+def weight_replicas_of(devices: int, tp, pp, cp):
+    """The ranks that hold the same weights, dp · cp (Megatron's data-parallel group with context
+    parallelism; dp = devices / (tp · pp · cp)): each writes its share of them (``checkpoint_bytes_per_rank``)."""
+    return np.maximum(devices // (tp * pp * cp), 1) * cp
+
+
 def attach_goodput(results: list[dict], profile: ClusterProfile, devices: int, configs: list,
                    opts: ResilienceOptions | None = None) -> list[dict]:
     """Add the goodput block to each evaluation result (``goodput``; null where the config has no step
     time). The result's other numbers are left as they are."""
-    from .hardware import Hardware
-
-    hw = Hardware.from_profile(profile)
-    host = hw.host_bytes_per_s or FALLBACK_HOST_BYTES_PER_S
+    host, scale_out = checkpoint_links(profile)
     for res, c in zip(results, configs):
-        dp_cp = max(devices // (c.tp * c.pp * c.cp), 1) * c.cp
-        res["goodput"] = goodput_block(profile, devices, res, dp_cp, host, hw.scale_out_bytes_per_s, opts)
+        res["goodput"] = goodput_block(profile, devices, res, int(weight_replicas_of(devices, c.tp, c.pp, c.cp)), host,
+                                       scale_out, opts)
     return results

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.hardware import Hardware
-from costmodel.resilience import FALLBACK_HOST_BYTES_PER_S, ResilienceOptions, goodput_arrays
+from costmodel.resilience import ResilienceOptions, checkpoint_links, goodput_arrays, weight_replicas_of
 
 OBJECTIVES = ("throughput", "goodput")
 
@@ -19,9 +18,7 @@ def ranking_tokens_per_s(space, br, batch) -> np.ndarray:
     """The tokens/s the ranking compares, one per config of ``batch`` (scored as ``br``)."""
     if getattr(space, "objective", "throughput") != "goodput":
         return br.tokens_per_s
-    hw = Hardware.from_profile(space.profile)
-    dp = np.maximum(space.devices // (batch.tp * batch.pp * batch.cp), 1)
-    a = goodput_arrays(space.profile, space.devices, br.step_time_s, br.params_bytes, br.optimizer_bytes,
-                       dp * batch.cp, hw.host_bytes_per_s or FALLBACK_HOST_BYTES_PER_S, hw.scale_out_bytes_per_s,
-                       getattr(space, "resilience", None) or ResilienceOptions())
+    replicas = weight_replicas_of(space.devices, batch.tp, batch.pp, batch.cp)
+    a = goodput_arrays(space.profile, space.devices, br.step_time_s, br.params_bytes, br.optimizer_bytes, replicas,
+                       *checkpoint_links(space.profile), getattr(space, "resilience", None) or ResilienceOptions())
     return br.tokens_per_s * a["goodput"]
