@@ -325,19 +325,14 @@ def hostile_bodies(pg: PostgresServer, tmp: Path) -> tuple[str, bool]:
 
 
 def delete_among_studies(pg: PostgresServer, tmp: Path) -> tuple[str, bool]:
-    from test_hostile import _many_studies
+    from test_hostile import delete_among_studies
 
     url = new_database(pg)
     server = Server(url, tmp / "delete1500.log").start()
     try:
         with server.client() as c:
-            job = c.post("/v1/jobs", json={**TINY_JOB, "search": {"sampler": "random", "n_trials": 5, "seed": 1,
-                                                                   "top_k": 3}}).raise_for_status().json()
-            wait_for(c, job["id"], timeout=120)
-            _many_studies(url, 1500, 10)
-            started = time.monotonic()
-            status = c.delete(f"/v1/jobs/{job['id']}").status_code
-            took = time.monotonic() - started
+            _, r, took = delete_among_studies(c, url)
+            status = r.status_code
     finally:
         server.stop()
     return f"DELETE with 1,500 studies x 10 trials: {status} in {took:.2f} s", status == 204 and took < 2

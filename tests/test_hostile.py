@@ -301,6 +301,18 @@ def test_a_frozen_postgresql_is_503_with_retry_after_within_the_request_bound(po
 
 # --- 6. DELETE does not grow with the database --------------------------------------------------------
 
+def delete_among_studies(client, url: str, studies: int = 1500, trials_each: int = 10):
+    """A finished 5-trial job, then ``studies`` other studies beside its own, then its DELETE timed:
+    (the job, the DELETE's response, its seconds). The test and ``benchmarks/faults.py`` run the same."""
+    job = client.post("/v1/jobs", json={**TINY_JOB, "search": {"sampler": "random", "n_trials": 5, "seed": 1,
+                                                                "top_k": 3}}).raise_for_status().json()
+    wait_for(client, job["id"], timeout=120)
+    _many_studies(url, studies, trials_each)
+    started = time.monotonic()
+    r = client.delete(f"/v1/jobs/{job['id']}")
+    return job, r, time.monotonic() - started
+
+
 def _many_studies(url: str, studies: int, trials_each: int) -> None:
     """``studies`` Optuna studies with ``trials_each`` finished trials each, written in bulk."""
     import optuna
@@ -328,13 +340,7 @@ def test_delete_takes_under_two_seconds_with_1500_studies_in_the_database(databa
     server = _server(database_url, tmp_path)
     try:
         with server.client() as c:
-            job = c.post("/v1/jobs", json={**TINY_JOB, "search": {"sampler": "random", "n_trials": 5, "seed": 1,
-                                                                   "top_k": 3}}).raise_for_status().json()
-            wait_for(c, job["id"], timeout=120)
-            _many_studies(database_url, 1500, 10)
-            started = time.monotonic()
-            r = c.delete(f"/v1/jobs/{job['id']}")
-            took = time.monotonic() - started
+            job, r, took = delete_among_studies(c, database_url)
             assert r.status_code == 204, r.text
             assert took < 2.0, f"DELETE took {took:.1f} s"
             assert c.get(f"/v1/jobs/{job['id']}").status_code == 404
