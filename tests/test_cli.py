@@ -113,3 +113,14 @@ def test_validate_scores_an_unscorable_run_as_error_one(tmp_path):
     assert r["infeasible"] == 1
     table = run("validate", str(runs))
     assert table.returncode == 0 and "unknown-profile" in table.stdout and "MAPE" in table.stdout
+
+
+def test_an_input_error_with_brackets_prints_them(capsys):
+    """A field or value in brackets (``runs[3]``, a module list) is the message, not console markup."""
+    from app.cli.common import fail
+    from app.formats.inputs import InputError
+
+    with pytest.raises(SystemExit) as exit_:
+        fail(InputError("config.recompute_modules", "[layernorm] is not a module of this model; [b]mlp[/b]"))
+    assert exit_.value.code == 2
+    assert "config.recompute_modules: [layernorm] is not a module of this model; [b]mlp[/b]" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from app.formats.inputs import InputError
 
@@ -21,8 +22,9 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 def fail(exc: InputError) -> None:
-    """Bad input: ``error: <field>: <reason>`` on stderr and exit 2 (never a traceback)."""
-    err.print(f"[red]error:[/red] {exc}", highlight=False)
+    """Bad input: ``error: <field>: <reason>`` on stderr and exit 2 (never a traceback). The text is escaped:
+    a field or flag in brackets (``runs[3]``, ``[layernorm]``) is shown, not read as console markup."""
+    err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
     sys.exit(EXIT_INPUT)
 
 

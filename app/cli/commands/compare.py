@@ -9,28 +9,17 @@ or from ``--model``, ``--cluster`` and ``--devices``. ``--json`` prints the comp
 
 from __future__ import annotations
 
-import json
-import sys
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from app.formats.compare import compare, load_side, side
 from app.formats.inputs import InputError, check_devices, load_cluster
 from search.frameworks import FRAMEWORKS
 
+from ..common import fail, print_json
 from ..console import stdout_console
 
-EXIT_INPUT = 2
-err = Console(stderr=True, soft_wrap=True)
-
-
-def _fail(exc: InputError) -> None:
-    from rich.markup import escape
-
-    err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-    sys.exit(EXIT_INPUT)
 
 
 def _f(x, spec: str) -> str:
@@ -85,9 +74,9 @@ def compare_cmd(a, b, cluster, model, devices, framework, as_json) -> None:
             check_devices(n)
             sides.append(side(label, spec, cfg, n, load_cluster(cl)))
     except InputError as exc:
-        _fail(exc)
+        fail(exc)
     cmp = compare(*sides)
     if as_json:
-        click.echo(json.dumps(cmp, indent=2, allow_nan=False))
+        print_json(cmp)
     else:
         print_comparison(cmp)

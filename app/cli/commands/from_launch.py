@@ -23,7 +23,8 @@ from app.formats.inputs import InputError
 
 from app.formats.launch_import import imported_json
 
-from .launch_import import fail, print_notes
+from ..common import fail, print_json
+from .launch_import import print_notes
 
 
 def add_from_launch(command: click.Command, kind: str) -> click.Command:
@@ -101,7 +102,7 @@ def _search_beside(search, kw: dict, imp) -> None:
     if kw.get("as_json"):
         result["from_launch"] = {"import": imported_json(imp), "evaluation": team.evaluation,
                                  "gain": cmp["gain"] if cmp else None, "comparison": cmp}
-        click.echo(json.dumps(result, indent=2, allow_nan=False))
+        print_json(result)
     else:
         _print_beside(result, team, cmp)
     if code:

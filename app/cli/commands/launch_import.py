@@ -10,31 +10,20 @@ it cannot read: ``error: launch.<flag>: <reason>`` on stderr and exit 2.
 from __future__ import annotations
 
 import json
-import sys
 
 import click
-from rich.console import Console
+from rich.markup import escape
 
 from search.frameworks import FRAMEWORKS
 
 from app.formats.inputs import InputError
 from app.formats.launch_import import imported_json, read_launch_file
 
-EXIT_INPUT = 2
-err = Console(stderr=True, soft_wrap=True)
-
-
-def fail(exc: InputError) -> None:
-    from rich.markup import escape
-
-    err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-    sys.exit(EXIT_INPUT)
+from ..common import err, fail, print_json
 
 
 def print_notes(imp) -> None:
     """The import's notes and warnings on stderr (stdout stays the result)."""
-    from rich.markup import escape
-
     for n in imp.notes:
         err.print(f"note: {escape(n)}", highlight=False)
     for w in imp.warnings:
@@ -55,7 +44,7 @@ def import_launch(launch_file, framework, as_json) -> None:
         fail(exc)
     data = imported_json(imp)
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        print_json(data)
         print_notes(imp)
         return
     from app.formats.describe import config_brief
