@@ -13,7 +13,9 @@ The fit is fast because it never builds a profile per candidate: the scorer take
 factors as arrays, one value per config, so each run is scored once per generation for a whole
 population of candidate factor sets (``RunScorer``), and a CMA-ES (the ``cmaes`` package, Optuna's
 own CMA-ES backend) moves the population. A fit of one device takes seconds, which is what lets
-leave-one-source-out cross-validation (``cross_validate``) run inside the test suite.
+leave-one-source-out cross-validation (``cross_validate``) run inside the test suite. Its folds are fitted
+in lockstep (``_fit_together``): each round scores every fold's candidates in one call per run, a fifth of
+the CPU of fitting them one after another, with the same factors to the bit.
 """
 
 from __future__ import annotations
@@ -21,11 +23,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import multiprocessing
-import os
 import re
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Generator
 
 import numpy as np
 
@@ -195,19 +196,21 @@ def fit_straggler_cv(base: dict, runs) -> float:
     return float(grid[len(grid) // 2]) if len(series) else float(base["efficiency"]["straggler_cv"]["value"])
 
 
-def _ask_tell(objective: Callable[[np.ndarray], np.ndarray], dim: int, x0: np.ndarray, *, seed: int,
-              max_evals: int) -> np.ndarray:
-    """Minimise ``objective`` (rows of points in [0, 1]^dim -> values) by CMA-ES from ``x0``; the best
-    point seen."""
+def _search(dim: int, x0: np.ndarray, *, seed: int, max_evals: int) -> Generator[np.ndarray, np.ndarray, np.ndarray]:
+    """Minimise an objective over [0, 1]^dim by CMA-ES from ``x0``, as a generator: it yields each batch of
+    points to score (rows) and is sent their objective values; it returns the best point seen. Written as
+    a generator so that several fits can be scored together (``_minimise`` drives one, ``_fit_together``
+    many in lockstep)."""
     from cmaes import CMA
 
-    best_x, best_f = x0.copy(), float(objective(x0[None, :])[0])
+    best_x = x0.copy()
+    best_f = float((yield x0[None, :])[0])
     stale, evals = 0, 1
     # The last third of the budget is the polish's (``_polish``); a budget too small for a CMA-ES to learn
     # anything (under 20 candidates a factor) is all the polish's.
     budget, max_evals = max_evals, max_evals * 2 // 3
     if budget < 20 * dim:
-        return _polish(objective, best_x, best_f, budget - evals)
+        return (yield from _polish(best_x, best_f, budget - evals))
     # A budget of a few thousand candidates buys ~100 generations of a smaller population (CMA-ES needs
     # generations more than width to converge).
     population = int(np.clip(max_evals // 200, 4, POPULATION))
@@ -217,7 +220,7 @@ def _ask_tell(objective: Callable[[np.ndarray], np.ndarray], dim: int, x0: np.nd
         if evals + population > max_evals or opt.should_stop():
             break
         xs = np.array([opt.ask() for _ in range(population)])
-        fs = objective(xs)
+        fs = yield xs
         evals += len(xs)
         opt.tell(list(zip(xs, fs)))
         i = int(np.argmin(fs))
@@ -229,13 +232,14 @@ def _ask_tell(objective: Callable[[np.ndarray], np.ndarray], dim: int, x0: np.nd
             best_x, best_f = xs[i].copy(), float(fs[i])
         if stale >= PATIENCE_GENERATIONS:
             break
-    return _polish(objective, best_x, best_f, budget - evals)
+    return (yield from _polish(best_x, best_f, budget - evals))
 
 
-def _polish(objective: Callable[[np.ndarray], np.ndarray], x: np.ndarray, f: float, max_evals: int) -> np.ndarray:
+def _polish(x: np.ndarray, f: float, max_evals: int) -> Generator[np.ndarray, np.ndarray, np.ndarray]:
     """Finish a CMA-ES run in a flat valley, where its population stalls: every coordinate's line at
-    several step sizes in one call, then a line along the move those coordinate steps add up to (the
-    idea of Powell's and Hooke-Jeeves' pattern moves, batched); the steps shrink when nothing improves."""
+    several step sizes in one batch, then a line along the move those coordinate steps add up to (the
+    idea of Powell's and Hooke-Jeeves' pattern moves, batched); the steps shrink when nothing improves.
+    A generator as ``_search``."""
     steps = np.array([-4.0, -2.0, -1.0, -0.5, 0.5, 1.0, 2.0, 4.0])
     alphas = np.array([0.25, 0.5, 1.0, 1.5, 2.0, 3.0])
     dim, step = len(x), 0.02
@@ -246,7 +250,7 @@ def _polish(objective: Callable[[np.ndarray], np.ndarray], x: np.ndarray, f: flo
         for i in range(dim):
             cand[i * len(steps):(i + 1) * len(steps), i] += step * steps
         cand = np.clip(cand, 0.0, 1.0)
-        fs = objective(cand).reshape(dim, len(steps))
+        fs = (yield cand).reshape(dim, len(steps))
         # each coordinate's best step (as clipped), where it beats the current point
         best = cand[np.arange(dim) * len(steps) + fs.argmin(axis=1), np.arange(dim)]
         move = np.where(fs.min(axis=1) < f, best - x, 0.0)
@@ -255,7 +259,7 @@ def _polish(objective: Callable[[np.ndarray], np.ndarray], x: np.ndarray, f: flo
             max_evals -= fs.size
             continue
         line = np.clip(x[None, :] + alphas[:, None] * move[None, :], 0.0, 1.0)
-        fl = objective(line)
+        fl = yield line
         max_evals -= fs.size + len(fl)
         options = [(float(fs.min()), cand[int(fs.argmin())]), (float(fl.min()), line[int(fl.argmin())])]
         best_f, best_x = min(options, key=lambda o: o[0])
@@ -264,6 +268,16 @@ def _polish(objective: Callable[[np.ndarray], np.ndarray], x: np.ndarray, f: flo
         else:
             step /= 4
     return x
+
+
+def _minimise(objective: Callable[[np.ndarray], np.ndarray], steps: Generator) -> np.ndarray:
+    """Run one ``_search`` generator to its end, scoring each batch it yields with ``objective``."""
+    try:
+        xs = next(steps)
+        while True:
+            xs = steps.send(objective(xs))
+    except StopIteration as done:
+        return done.value
 
 
 def at_bounds(factors: dict[str, float], rel: float = 0.01) -> dict[str, str]:
@@ -278,18 +292,66 @@ def at_bounds(factors: dict[str, float], rel: float = 0.01) -> dict[str, str]:
     return out
 
 
-def fit(base: dict, runs, *, maxfev: int = 8000, progress: Callable[[int], None] | None = None,
-        keys: list[str] | None = None, prior_weight: float | None = None, seed: int = 0) -> Fit:
-    """Fit the factors ``keys`` (default: those ``runs`` exercise, ``factors_seen``), starting from and
-    pulled towards the profile data ``base`` (its current factors are the priors) with ``prior_weight``
-    (default: PRIOR_WEIGHT, firmer for few runs). ``progress(n)`` is
-    called with the number of candidate factor sets scored so far (at most about ``maxfev``)."""
-    base = json.loads(json.dumps(base))
-    base.pop("calibration", None)
+@dataclass
+class _Problem:
+    """One fit's objective: the factors ``keys`` in the unit cube of their log bounds, pulled towards the
+    priors. ``base`` is the profile data with ``straggler_cv`` fitted already (it is fitted apart, see
+    ``fit``)."""
+
+    base: dict
+    keys: list[str]
+    prior_weight: float
+    stragglers: bool  # whether straggler_cv is fitted (apart, before and after the others)
+    lo: np.ndarray = field(init=False)
+    hi: np.ndarray = field(init=False)
+    prior: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.lo = np.log([BOUNDS[k][0] for k in self.keys])
+        self.hi = np.log([BOUNDS[k][1] for k in self.keys])
+        self.prior = np.clip(np.log([self.base["efficiency"][k]["value"] for k in self.keys]), self.lo, self.hi)
+
+    @property
+    def straggler_cv(self) -> float:
+        return float(self.base["efficiency"]["straggler_cv"]["value"])
+
+    def log_factors(self, us: np.ndarray) -> np.ndarray:
+        return self.lo + np.clip(us, 0.0, 1.0) * (self.hi - self.lo)
+
+    def factors(self, us: np.ndarray) -> dict[str, np.ndarray]:
+        """Each key's value per candidate (rows of ``us``)."""
+        z = self.log_factors(us)
+        return {k: np.exp(z[:, j]) for j, k in enumerate(self.keys)}
+
+    def value(self, us: np.ndarray, err: np.ndarray) -> np.ndarray:
+        """The objective per candidate from its (candidates, runs) errors."""
+        z = self.log_factors(us)
+        return np.abs(err).mean(axis=1) + self.prior_weight * ((z - self.prior) ** 2).mean(axis=1)
+
+    def steps(self, maxfev: int, seed: int) -> Generator:
+        u0 = (self.prior - self.lo) / (self.hi - self.lo)
+        return _search(len(self.keys), u0, seed=seed, max_evals=maxfev)
+
+    def fitted(self, x: np.ndarray, runs) -> dict[str, float]:
+        """The factors of the search's best point ``x``, with straggler_cv refitted around them."""
+        keys, values = list(self.keys), np.exp(self.log_factors(x)) if self.keys else np.array([])
+        if self.stragglers:
+            cv = fit_straggler_cv(_set_factors(self.base, keys, values), runs)
+            keys, values = keys + ["straggler_cv"], np.append(values, cv)
+        return {k: float(v) for k, v in zip(keys, values)}
+
+
+def _without_calibration(base: dict) -> dict:
+    data = json.loads(json.dumps(base))
+    data.pop("calibration", None)
+    return data
+
+
+def _problem(base: dict, runs, keys: list[str] | None, prior_weight: float | None) -> _Problem:
+    base = _without_calibration(base)
     keys = list(factors_seen(runs) if keys is None else keys)
     if prior_weight is None:
         prior_weight = max(PRIOR_WEIGHT, PRIOR_WEIGHT_RUNS / len(runs))
-    before = run_errors(ClusterProfile.model_validate(base), runs)
     # The straggler factor is fitted apart, on the series' shapes, before and after the others: in
     # the MAPE its few-point drift is outweighed by the level of every run, which the efficiencies
     # fit as well, so a joint fit leaves the drift in place.
@@ -297,29 +359,32 @@ def fit(base: dict, runs, *, maxfev: int = 8000, progress: Callable[[int], None]
     if stragglers:
         keys.remove("straggler_cv")
         base = _set_factors(base, ["straggler_cv"], [fit_straggler_cv(base, runs)])
-    lo = np.log([BOUNDS[k][0] for k in keys])
-    hi = np.log([BOUNDS[k][1] for k in keys])
-    prior = np.clip(np.log([base["efficiency"][k]["value"] for k in keys]), lo, hi)
-    scorer = RunScorer(ClusterProfile.model_validate(base), runs)
-    to_log = lambda u: lo + np.clip(u, 0.0, 1.0) * (hi - lo)  # noqa: E731  (unit cube -> log factors)
+    return _Problem(base, keys, prior_weight, stragglers)
+
+
+def fit(base: dict, runs, *, maxfev: int = 8000, progress: Callable[[int], None] | None = None,
+        keys: list[str] | None = None, prior_weight: float | None = None, seed: int = 0) -> Fit:
+    """Fit the factors ``keys`` (default: those ``runs`` exercise, ``factors_seen``), starting from and
+    pulled towards the profile data ``base`` (its current factors are the priors) with ``prior_weight``
+    (default: PRIOR_WEIGHT, firmer for few runs). ``progress(n)`` is
+    called with the number of candidate factor sets scored so far (at most about ``maxfev``)."""
+    problem = _problem(base, runs, keys, prior_weight)
+    before = run_errors(ClusterProfile.model_validate(_without_calibration(base)), runs)
+    scorer = RunScorer(ClusterProfile.model_validate(problem.base), runs)
 
     def objective(us: np.ndarray) -> np.ndarray:
-        z = to_log(us)
-        err = scorer.errors({k: np.exp(z[:, j]) for j, k in enumerate(keys)})
+        err = scorer.errors(problem.factors(us))
         if progress is not None:
             progress(scorer.calls)
-        return np.abs(err).mean(axis=1) + prior_weight * ((z - prior) ** 2).mean(axis=1)
+        return problem.value(us, err)
 
-    u0 = (prior - lo) / (hi - lo)
-    x = np.exp(to_log(_ask_tell(objective, len(keys), u0, seed=seed, max_evals=maxfev))) if keys else np.array([])
-    if stragglers:
-        cv = fit_straggler_cv(_set_factors(base, keys, x), runs)
-        keys, x = keys + ["straggler_cv"], np.append(x, cv)
-    factors = {k: float(v) for k, v in zip(keys, x)}
-    after = run_errors(ClusterProfile.model_validate(_set_factors(base, keys, x)), runs)
+    x = _minimise(objective, problem.steps(maxfev, seed)) if problem.keys else np.array([])
+    factors = problem.fitted(x, runs)
+    after = run_errors(ClusterProfile.model_validate(_set_factors(problem.base, list(factors), list(factors.values()))),
+                       runs)
     return Fit(factors=factors, before=before, after=after, at_bound=at_bounds(factors),
                objective="mean |predicted/reported - 1| of tokens/s per device + "
-                         f"{prior_weight:g} * mean (log(factor/prior))^2")
+                         f"{problem.prior_weight:g} * mean (log(factor/prior))^2")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -360,50 +425,77 @@ class CrossValidation:
         return float(np.mean(vals)) if vals else 0.0
 
 
-def _fold(base: dict, train, held, keys: list[str], prior_weight: float, maxfev: int):
-    result = fit(base, train, keys=keys, prior_weight=prior_weight, maxfev=maxfev)
-    errs = run_errors(base_profile(base, result.factors), held)
-    return result.factors, [float(e) for e in errs]
-
-
 def cross_validate(base: dict, runs, *, prior_weight: float | None = None, maxfev: int = 8000,
-                   workers: int | None = None, progress: Callable[[str], None] | None = None) -> CrossValidation:
+                   workers: int = 1, progress: Callable[[str], None] | None = None) -> CrossValidation:
     """Leave-one-source-out: refit ``base``'s factors (the same factors the in-sample fit fits, from
-    the same priors) without each source's runs, and score that source's runs with them. The folds run
-    in ``workers`` processes (default: one per core). A device with one source only cannot be
-    cross-validated: its runs get no CV error. ``progress(source)`` is called as each fold ends."""
+    the same priors) without each source's runs, and score that source's runs with them. The folds are
+    fitted together (``_fit_together``), in ``workers`` processes (each takes a share of the folds). A
+    device with one source only cannot be cross-validated: its runs get no CV error. ``progress(source)``
+    is called as each fold ends."""
     keys = factors_seen(runs)
     groups: dict[str, list] = {}
     for r in runs:
         groups.setdefault(source_group(r), []).append(r)
     names = {g: [r.name for r in rs] for g, rs in groups.items()}
-    errors: dict[str, float] = {}
-    folds: dict[str, dict[str, float]] = {}
     if len(groups) < 2:
-        return CrossValidation(errors, names, folds)
-    jobs = {g: (base, [r for r in runs if source_group(r) != g], held, keys, prior_weight, maxfev)
-            for g, held in groups.items()}
-    workers = min(workers or os.cpu_count() or 1, len(jobs))
-    if workers > 1:
+        return CrossValidation({}, names, {})
+    shares = [list(groups)[i::workers] for i in range(min(max(workers, 1), len(groups)))]
+    args = [(base, runs, share, keys, prior_weight, maxfev) for share in shares]
+    folds: dict[str, dict[str, float]] = {}
+    if len(shares) > 1:
         # fork: the children inherit the parsed runs and the imported cost model
         ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futures = {pool.submit(_fold, *args): g for g, args in jobs.items()}
-            done = {}
-            for fut in as_completed(futures):
-                done[futures[fut]] = fut.result()
-                if progress is not None:
-                    progress(futures[fut])
+        with ProcessPoolExecutor(max_workers=len(shares), mp_context=ctx) as pool:
+            for fut in as_completed([pool.submit(_fit_together, *a) for a in args]):
+                folds.update(fut.result())
+                for g in fut.result():
+                    if progress is not None:
+                        progress(g)
     else:
-        done = {}
-        for g, args in jobs.items():
-            done[g] = _fold(*args)
-            if progress is not None:
-                progress(g)
-    for g in groups:  # in the runs' order, whatever order the folds ended in
-        folds[g], errs = done[g]
-        errors.update(zip(names[g], errs))
-    return CrossValidation(errors, names, folds)
+        folds = _fit_together(*args[0], progress=progress)
+    errors: dict[str, float] = {}
+    for g, held in groups.items():  # in the runs' order, whatever order the folds ended in
+        errors.update(zip(names[g], (float(e) for e in run_errors(base_profile(base, folds[g]), held))))
+    return CrossValidation(errors, names, {g: folds[g] for g in groups})
+
+
+def _fit_together(base: dict, runs, left_out: list[str], keys: list[str], prior_weight: float | None,
+                  maxfev: int, progress: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
+    """The factors of each fold (the fit without source ``g`` for each ``g`` of ``left_out``), each fold's
+    search exactly as ``fit``'s, but run in lockstep: each round, every fold's batch of candidates is
+    scored in one call per run (``RunScorer``), so the scorer's per-call cost is paid once per round
+    instead of once per fold. A candidate's scores do not depend on the others in its batch (every
+    formula is element-wise), so each fold ends where it would alone (``tests/test_calibration_fit.py``)."""
+    trains = {g: [i for i, r in enumerate(runs) if source_group(r) != g] for g in left_out}
+    problems = {g: _problem(base, [runs[i] for i in idx], keys, prior_weight) for g, idx in trains.items()}
+    # Each fold's straggler_cv (fitted on its own runs, before the search) rides along as a factor column.
+    scorer = RunScorer(ClusterProfile.model_validate(_without_calibration(base)), runs)
+    steps = {g: p.steps(maxfev, seed=0) for g, p in problems.items() if p.keys}
+    best = {g: np.array([]) for g, p in problems.items() if not p.keys}
+    asked = {}
+    for g, s in steps.items():
+        asked[g] = next(s)
+    while asked:
+        order = list(asked)
+        cands = {g: problems[g].factors(asked[g]) for g in order}
+        columns = {k: np.concatenate([cands[g][k] for g in order]) for k in problems[order[0]].keys}
+        if problems[order[0]].stragglers:
+            columns["straggler_cv"] = np.concatenate([np.full(len(asked[g]), problems[g].straggler_cv)
+                                                      for g in order])
+        err = scorer.errors(columns)
+        start = 0
+        for g in order:
+            n = len(asked[g])
+            values = problems[g].value(asked[g], err[start:start + n][:, trains[g]])
+            start += n
+            try:
+                asked[g] = steps[g].send(values)
+            except StopIteration as done:
+                best[g] = done.value
+                del asked[g]
+                if progress is not None:
+                    progress(g)
+    return {g: problems[g].fitted(best[g], [runs[i] for i in trains[g]]) for g in left_out}
 
 
 def base_profile(base: dict, factors: dict[str, float]) -> ClusterProfile:

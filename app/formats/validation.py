@@ -8,7 +8,11 @@ figure compared. A run that cannot be scored (bad spec, unknown profile, invalid
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import queue
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,7 +141,6 @@ def cross_validated(runs: list[Run], *, progress=None) -> dict:
     "errors": {run name: error}}``; runs that cannot be scored count |error| = 1, as in the in-sample
     figures, and a profile that is not shipped (no priors to refit from) is left out."""
     import hardware_profiles
-    from hardware_profiles.calibrate import cross_validate
 
     by_cluster: dict[str, list[Run]] = {}
     for r in runs:
@@ -145,12 +148,9 @@ def cross_validated(runs: list[Run], *, progress=None) -> dict:
             by_cluster.setdefault(r.cluster, []).append(r)
     errors: dict[str, float] = {}
     groups: dict[str, dict[str, list[str]]] = {}
-    for name, rs in sorted(by_cluster.items()):
-        scorable = [r for r in rs if r.problem is None]
-        cv = cross_validate(hardware_profiles.raw(name), scorable,
-                            progress=None if progress is None else (lambda g, n=name: progress(n, g)))
+    for name, cv in _cross_validate_clusters(by_cluster, progress):
         errors.update(cv.errors)
-        errors.update({r.name: 1.0 for r in rs if r.problem is not None})
+        errors.update({r.name: 1.0 for r in by_cluster[name] if r.problem is not None})
         groups[name] = cv.groups
     mape = lambda names: float(np.mean([abs(errors[n]) for n in names])) if names else 0.0  # noqa: E731
     counted = {c: [r.name for r in rs if r.name in errors] for c, rs in by_cluster.items()}
@@ -161,6 +161,55 @@ def cross_validated(runs: list[Run], *, progress=None) -> dict:
         "groups": groups,
         "errors": errors,
     }
+
+
+def _cross_validate_clusters(by_cluster: dict[str, list[Run]], progress=None):
+    """``(cluster, CrossValidation)`` per cluster, in the clusters' order: the clusters in parallel, one
+    process each up to the machine's cores (a cluster's folds are fitted together in one process, which
+    costs the least CPU: ``cross_validate``), ``progress(cluster, source)`` called as each fold ends."""
+    import hardware_profiles
+    from hardware_profiles.calibrate import cross_validate
+
+    names = sorted(by_cluster)
+    args = {n: (hardware_profiles.raw(n), [r for r in by_cluster[n] if r.problem is None]) for n in names}
+    workers = min(os.cpu_count() or 1, len(names))
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        for n in names:
+            yield n, cross_validate(*args[n], progress=None if progress is None else (lambda g, n=n: progress(n, g)))
+        return
+    # fork: the children inherit the parsed runs, the imported cost model and the queue their folds'
+    # ends come back through, which the parent drains while it waits
+    ctx = multiprocessing.get_context("fork")
+    ends = ctx.Queue()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_set_fold_ends, initargs=(ends,)) as pool:
+        futures = {n: pool.submit(_cross_validate_one, n, *args[n]) for n in names}
+        folds = cv_folds([r for n in names for r in by_cluster[n]])
+        while folds:
+            try:
+                cluster, source = ends.get(timeout=0.5)
+            except queue.Empty:
+                if any(f.done() and f.exception() is not None for f in futures.values()):
+                    break  # the error is raised below
+                continue
+            folds -= 1
+            if progress is not None:
+                progress(cluster, source)
+        results = {n: f.result() for n, f in futures.items()}  # a fold's error is raised here
+    yield from results.items()
+
+
+_FOLD_ENDS = None  # a pool process's queue of (cluster, source) as its folds end
+
+
+def _set_fold_ends(ends) -> None:
+    global _FOLD_ENDS
+    _FOLD_ENDS = ends
+
+
+def _cross_validate_one(name: str, base: dict, runs: list[Run]):
+    from hardware_profiles.calibrate import cross_validate
+
+    return cross_validate(base, runs, progress=lambda g: _FOLD_ENDS.put((name, g)))
 
 
 def cv_folds(runs: list[Run]) -> int:
