@@ -344,38 +344,56 @@ def _output_rows(part: dict, n: int, K: int) -> dict:
 
 
 class _CostTable:
-    """Layer costs of distinct configs, stacked so that expanding them to a chunk is one gather. A cost
-    with one value in every distinct config (bit for bit) is not gathered: a chunk gets a read-only slice
-    of a row of that value, ``max_len`` long (the longest chunk)."""
+    """Layer costs of distinct configs, expanded to a chunk's configs field by field when the chunk's
+    scoring first reads the field (a search reads about two thirds of them: the embedding's and the
+    output head's costs mostly not). A cost with one value in every distinct config (bit for bit) is
+    not gathered: a chunk gets a read-only slice of a row of that value, ``max_len`` long (the longest
+    chunk)."""
 
     def __init__(self, costs, max_len: int):
         self.costs = costs
         self.arrays: dict[int, np.ndarray] = {}  # id -> array, shared arrays once
+        self.constant: dict[int, np.ndarray] = {}
         n = len(costs[0].fwd_s)
         for c in costs:
             for f in fields(c):
                 v = getattr(c, f.name)
-                if isinstance(v, np.ndarray) and v.shape == (n,):
-                    self.arrays.setdefault(id(v), v)
-        by_dtype: dict = {}
-        self.constant: dict[int, np.ndarray] = {}
-        for key, v in self.arrays.items():
-            if (_same_bits(v) == _same_bits(v)[0]).all():
-                self.constant[key] = np.full(max_len, v[0], dtype=v.dtype)
-            else:
-                by_dtype.setdefault(v.dtype, []).append(key)
-        self.tables = [(keys, np.stack([self.arrays[key] for key in keys])) for keys in by_dtype.values()]
+                if isinstance(v, np.ndarray) and v.shape == (n,) and id(v) not in self.arrays:
+                    self.arrays[id(v)] = v
+                    if (_same_bits(v) == _same_bits(v)[0]).all():
+                        self.constant[id(v)] = np.full(max_len, v[0], dtype=v.dtype)
 
     def take(self, idx: np.ndarray) -> list[layers.Cost]:
-        rows = {}
-        for keys, table in self.tables:
-            taken = table.take(idx, axis=1)
-            rows.update(zip(keys, taken))
-        for key, row in self.constant.items():
-            rows[key] = row[:len(idx)]
-            rows[key].flags.writeable = False
-        return [replace(c, **{f.name: rows[id(getattr(c, f.name))] for f in fields(c)
-                              if id(getattr(c, f.name)) in rows}) for c in self.costs]
+        taken: dict[int, np.ndarray] = {}  # id -> the chunk's array, shared arrays once
+        return [_ChunkCost(self, c, idx, taken) for c in self.costs]
+
+    def expand(self, v, idx: np.ndarray, taken: dict):
+        """Field value ``v`` of a distinct-config cost for the configs ``idx`` (other values as they are)."""
+        key = id(v)
+        if key not in self.arrays:
+            return v
+        if key not in taken:
+            if key in self.constant:
+                taken[key] = self.constant[key][:len(idx)]
+                taken[key].flags.writeable = False
+            else:
+                taken[key] = self.arrays[key].take(idx)
+        return taken[key]
+
+
+class _ChunkCost(layers.Cost):
+    """A :class:`layers.Cost` of a chunk's configs whose fields are gathered from a ``_CostTable`` on
+    first read (the dataclass's fields have no class defaults, so an unread one reaches __getattr__)."""
+
+    def __init__(self, table: _CostTable, cost: layers.Cost, idx: np.ndarray, taken: dict):  # noqa: D107
+        self.__dict__.update(_table=table, _cost=cost, _idx=idx, _taken=taken)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        value = self._table.expand(getattr(self._cost, name), self._idx, self._taken)
+        self.__dict__[name] = value
+        return value
 
 
 def _layer_inputs(spec: ModelSpec, hw: Hardware, b: ConfigBatch,
