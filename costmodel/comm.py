@@ -39,10 +39,11 @@ def group_bus_bandwidth(stride, size, hw: Hardware) -> tuple[np.ndarray, np.ndar
     return bw, lat
 
 
-def all_gather_s(nbytes, stride, size, hw: Hardware) -> np.ndarray:
+def all_gather_s(nbytes, stride, size, hw: Hardware, bus: tuple | None = None) -> np.ndarray:
     """All-gather (or reduce-scatter) of a ``nbytes`` buffer (the full, gathered size): each rank moves
-    (n−1)/n of it, in n−1 ring steps."""
-    bw, lat = group_bus_bandwidth(stride, size, hw)
+    (n−1)/n of it, in n−1 ring steps. ``bus``: the group's ``group_bus_bandwidth``, where the caller
+    runs several collectives over one group."""
+    bw, lat = group_bus_bandwidth(stride, size, hw) if bus is None else bus
     steps = size - 1
     return np.where(size > 1, steps / np.maximum(size, 1) * nbytes / bw + steps * lat, 0.0)
 

@@ -262,7 +262,7 @@ def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch
         return _drop_stages(_score(spec, hw, devices, b, st, st.split_index, K), keep_stages)
     counts = st.split_stage_count[st.split_index]
     # Layer costs depend on few columns: score each distinct combination of their inputs once.
-    dp = np.maximum(devices // (b.tp * b.pp * b.cp), 1)
+    dp, m = _dp_and_microbatches(devices, b)
     ctx, head_weights = _layer_inputs(spec, hw, b, _shapes(spec, b, dp))
     distinct = _distinct_layer_inputs(b, ctx, head_weights)
     if distinct is not None:
@@ -271,13 +271,16 @@ def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch
                            min(n, CHUNK_CONFIGS))
     full_layers = _recomputed_layers_total(spec, b, st.split_index, st.split_comps)
     constant = _constant_columns(b)
+    # The replayed schedules of uneven chunks, tabled once for the batch rather than per chunk.
+    replay = _replay_tables(st, st.split_index, m) if st.split_uneven_table.any() else None
     out: dict = {}
     for k in np.flatnonzero(np.bincount(counts)).tolist():
         members = np.flatnonzero(counts == k)  # in batch order: gathers and scatters stream
         for start in range(0, len(members), CHUNK_CONFIGS):
             idx = members[start:start + CHUNK_CONFIGS]
             part = _drop_stages(_score(spec, hw, devices, _take_configs(b, idx, constant), st, st.split_index[idx], k,
-                                       None if distinct is None else costs.take(inverse[idx]), full_layers[idx]),
+                                       None if distinct is None else costs.take(inverse[idx]), full_layers[idx],
+                                       None if replay is None else (replay, replay.inverse[idx])),
                                 keep_stages)
             part.update({"time." + key: v for key, v in part.pop("time").items()})
             if not out:  # the outputs as rows of a few large blocks: fewer, larger page faults
@@ -527,17 +530,24 @@ def _distinct_layer_inputs(b: ConfigBatch, ctx: layers.Context,
     return member, inverse
 
 
-def _replayed(st: pipeline.StageSet, split_index: np.ndarray, uneven: np.ndarray, m: np.ndarray,
-              held_act: np.ndarray, unit_chunk_col: list[int], layer_act: list[np.ndarray]) -> np.ndarray:
-    """``held_act`` (K, N) with the stages whose chunks are uneven replaced by the replayed schedule's
-    peak (``pipeline.in_flight_layers``): the layers of each kind in flight at each maximal moment
-    depend on the split, the stage and m only, so they are tabled per distinct (split, m) and each
-    config takes the maximum over the moments of those layers times its bytes of one layer."""
-    # Every config takes part (its even stages read zero rows, masked at the end): gathering and
-    # scattering the configs with an uneven stage would cost more than it saves.
+@dataclass
+class _ReplayTables:
+    """The replayed schedule's layers in flight of a batch's distinct (split, m) groups: group g's ranks
+    are rows ``offset[g]`` on of ``stacked`` (rows, Q, C), each rank's maximal moments (Q, zero-padded)
+    by kind of layer (C, ``pipeline.CHUNK_ACT_COLUMNS``); ``inverse`` is each config's group."""
+
+    uniq: np.ndarray  # (G, 2) split, m
+    inverse: np.ndarray  # (N,)
+    stacked: np.ndarray
+    offset: np.ndarray  # (G,)
+
+
+def _replay_tables(st: pipeline.StageSet, split_index: np.ndarray, m: np.ndarray) -> _ReplayTables:
+    """``_ReplayTables`` of the configs with splits ``split_index`` and ``m`` micro-batches: the layers in
+    flight depend on the split, the stage and m only, so they are tabled once per distinct (split, m)
+    (and memoised across calls in the stage sets' replay caches)."""
     m_int = np.maximum(np.rint(m), 1).astype(np.int64)
     uniq, inverse = pipeline.unique_rows([split_index, m_int])
-    k = uneven.shape[0]
     per_rank = []  # per group: its split's (pp, Q, C) table
     for s, mi in uniq.tolist():
         cache = st.split_replay_caches[s]
@@ -558,12 +568,28 @@ def _replayed(st: pipeline.StageSet, split_index: np.ndarray, uneven: np.ndarray
         block = np.concatenate([per_rank[g] for g in groups])
         blocks.append(block if q == Q else np.pad(block, ((0, 0), (0, Q - q), (0, 0))))
         order += groups
-    stacked = np.concatenate(blocks)
     sizes = np.array([len(per_rank[g]) for g in order])
     offset = np.empty(len(per_rank), dtype=np.int64)
     offset[order] = np.cumsum(sizes) - sizes
+    return _ReplayTables(uniq=uniq, inverse=inverse, stacked=np.concatenate(blocks), offset=offset)
+
+
+def _replayed(st: pipeline.StageSet, tables: _ReplayTables, config_groups: np.ndarray, uneven: np.ndarray,
+              held_act: np.ndarray, unit_chunk_col: list[int], layer_act: list[np.ndarray]) -> np.ndarray:
+    """``held_act`` (K, N) with the stages whose chunks are uneven replaced by the replayed schedule's
+    peak (``pipeline.in_flight_layers``): each config (its group in ``tables``: ``config_groups``) takes
+    the maximum over the moments of its group's layers in flight times its bytes of one layer."""
+    # Every config takes part (its even stages read zero rows, masked at the end): gathering and
+    # scattering the configs with an uneven stage would cost more than it saves.
+    present = np.zeros(len(tables.offset), dtype=bool)
+    present[config_groups] = True
+    groups = np.flatnonzero(present)  # the groups of these configs, renumbered 0..G-1
+    lookup = np.empty(len(present), dtype=np.intp)
+    lookup[groups] = np.arange(len(groups))
+    inverse = lookup[config_groups]
+    k = uneven.shape[0]
     # (G, k, Q, C): the rows of each group's kept stages
-    table = stacked[offset[:, None] + st.split_rank_table[uniq[:, 0], :k]]
+    table = tables.stacked[tables.offset[groups][:, None] + st.split_rank_table[tables.uniq[groups, 0], :k]]
     used = table.any(axis=(0, 1))  # (Q, C): rows and kinds of layer present somewhere
     qs, us = np.nonzero(used)
     # (R, k, N) for the R used (row, kind) pairs, one gather
@@ -810,10 +836,11 @@ def _dp_sync_s(spec: ModelSpec, b: ConfigBatch, hw: Hardware, dp_cp: np.ndarray,
     dense_grp = (b.tp[None, :], _row(dp_cp))
     exp_grp = ((b.etp * b.ep)[None, :], _row(edp))
     grad_bytes = _row(b.main_grads_bytes)  # gradients are reduced in their main dtype
-    grad_rs = (comm.reduce_scatter_s(grad_bytes * dense_params, *dense_grp, hw)
-               + comm.reduce_scatter_s(grad_bytes * expert_params, *exp_grp, hw))
-    param_ag = (comm.all_gather_s(memory.WEIGHT_BYTES * dense_params, *dense_grp, hw)
-                + comm.all_gather_s(memory.WEIGHT_BYTES * expert_params, *exp_grp, hw))
+    dense_bus, exp_bus = comm.group_bus_bandwidth(*dense_grp, hw), comm.group_bus_bandwidth(*exp_grp, hw)
+    grad_rs = (comm.reduce_scatter_s(grad_bytes * dense_params, *dense_grp, hw, dense_bus)
+               + comm.reduce_scatter_s(grad_bytes * expert_params, *exp_grp, hw, exp_bus))
+    param_ag = (comm.all_gather_s(memory.WEIGHT_BYTES * dense_params, *dense_grp, hw, dense_bus)
+                + comm.all_gather_s(memory.WEIGHT_BYTES * expert_params, *exp_grp, hw, exp_bus))
     # Per-config selections as products with 0/1 and 1/2 rows (exact for finite values; np.where
     # otherwise): all-reduce without the distributed optimizer, no parameter all-gather.
     grad_sync = grad_rs * _row(np.where(sharded_opt, 1.0, 2.0))
@@ -905,23 +932,27 @@ def _layer_activations(s: _Stages) -> tuple[list[np.ndarray], np.ndarray, np.nda
 
 def _held_activations_bytes(s: _Stages, st: pipeline.StageSet, split_index: np.ndarray, b: ConfigBatch,
                             m: np.ndarray, act: np.ndarray, layer_act: list[np.ndarray], held: np.ndarray,
-                            overlap_extra: np.ndarray) -> np.ndarray:
+                            overlap_extra: np.ndarray, replay: tuple | None) -> np.ndarray:
     """Stored activations of each stage at its peak (K, N), bytes: one micro-batch's times those in flight.
     Where a rank's model chunks hold different layers, which chunks are in flight at the peak matters:
-    the schedule is replayed on the chunks' bytes (tabled per distinct split and m, ``_replayed``)."""
+    the schedule is replayed on the chunks' bytes (tabled per distinct split and m, ``_replayed``;
+    ``replay``: the whole batch's tables and these configs' groups in them, if already built)."""
     held_act = act * held
     k = s.shape[0]
     uneven = np.take(np.ascontiguousarray(st.split_uneven_table[:, :k].T), split_index, axis=1)
     uneven &= (b.pp > 1)[None, :]
     if uneven.any():
-        held_act = _replayed(st, split_index, uneven, m, held_act, [u.chunk_col for u in s.units], layer_act)
+        if replay is None:
+            tables = _replay_tables(st, split_index, m)
+            replay = tables, tables.inverse
+        held_act = _replayed(st, *replay, uneven, held_act, [u.chunk_col for u in s.units], layer_act)
         held_act += uneven * act * _row(overlap_extra)  # the replay holds no overlapped micro-batch
     return held_act
 
 
 def _memory(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
             split_index: np.ndarray, s: _Stages, costs, m: np.ndarray, dp_cp: np.ndarray, edp: np.ndarray,
-            params: tuple, host_act: np.ndarray) -> dict:
+            params: tuple, host_act: np.ndarray, replay: tuple | None = None) -> dict:
     """Memory of each stage at its peak (bytes): model states, activations of the micro-batches in flight,
     the output layer's logits (one micro-batch), transient buffers and the framework's share; the peak
     stage's parts; the host memory a node's offloaded activations hold; and what ``BatchResult.stage_peaks``
@@ -929,7 +960,7 @@ def _memory(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pip
     params_b, grads_b, opt_b = _model_states_bytes(b, dp_cp, edp, *params)
     rank, held, overlap_extra = _in_flight(b, st, split_index, s.shape[0], m)
     layer_act, act, transient = _layer_activations(s)
-    held_act = _held_activations_bytes(s, st, split_index, b, m, act, layer_act, held, overlap_extra)
+    held_act = _held_activations_bytes(s, st, split_index, b, m, act, layer_act, held, overlap_extra, replay)
     logits = s.n_head * _row(s.head.act_bytes) * (1 + spec.mtp_num_layers)
     # Host memory holds the offloaded tensors of every micro-batch in flight; a node's devices are
     # counted at its busiest stage (tp, cp and ep groups fill a node before pp does).
@@ -982,13 +1013,20 @@ def _utilisation(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st
                 mfu=model_flops_per_device / hw.peak_bf16_flops, hfu=hfu)
 
 
+def _dp_and_microbatches(devices: int, b: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
+    """Data-parallel replicas (devices over tp·pp·cp) and micro-batches per step (global batch over
+    micro-batch size · dp, at least one) of each config."""
+    dp = np.maximum(devices // (b.tp * b.pp * b.cp), 1)
+    return dp, np.maximum(b.global_batch_size / (b.micro_batch_size * dp), 1.0)
+
+
 def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
-           split_index: np.ndarray, k: int, costs=None, full_layers=None) -> dict:
+           split_index: np.ndarray, k: int, costs=None, full_layers=None, replay=None) -> dict:
     """Times, throughput and memory of configs ``b`` (no validity): their splits are ``split_index``
     into the stage sets ``st``, whose first ``k`` candidate stages are scored. ``costs``: the layer
-    costs of ``b`` and ``full_layers`` its recomputed layers, if already known."""
-    dp = np.maximum(devices // (b.tp * b.pp * b.cp), 1)
-    m = np.maximum(b.global_batch_size / (b.micro_batch_size * dp), 1.0)
+    costs of ``b``, ``full_layers`` its recomputed layers and ``replay`` its replay tables (see
+    ``_held_activations_bytes``), if already known."""
+    dp, m = _dp_and_microbatches(devices, b)
     shapes = _shapes(spec, b, dp)
     costs = _layer_costs(spec, *_layer_inputs(spec, hw, b, shapes)) if costs is None else costs
     s = _stages(spec, hw, b, st, split_index, k, costs, shapes)
@@ -1019,4 +1057,5 @@ def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipe
             "straggler_s": straggler}
     return dict(step_time_s=step, time=time, microbatches=m,
                 **_utilisation(spec, hw, devices, b, st, split_index, costs, step, m, dp, visits, full_layers),
-                **_memory(spec, hw, devices, b, st, split_index, s, costs, m, dp_cp, edp, params, host_act))
+                **_memory(spec, hw, devices, b, st, split_index, s, costs, m, dp_cp, edp, params, host_act,
+                           replay))
