@@ -421,6 +421,8 @@ def unique_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     without sorting rows: each row is packed into one int64 (mixed radix, which keeps the rows'
     lexicographic order), and small code ranges are deduplicated through a lookup table."""
     n = len(columns[0])
+    if n == 1:  # one row (a single evaluate): itself, as the packing below would give it
+        return np.array([[int(c[0]) for c in columns]], dtype=np.int64), np.zeros(1, dtype=np.intp)
     los, spans, total = [], [], 1
     for c in columns:
         if n == 0:
