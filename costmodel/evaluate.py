@@ -212,10 +212,13 @@ def _all_finite(*arrays) -> bool:
 
 
 # Large batches are scored in groups of configs with the same number of distinct stages (so that
-# per-stage arrays are not padded to the batch's deepest split), in chunks small enough to stay in
-# cache. Every config's numbers are computed element-wise, so grouping does not change them.
+# per-stage arrays are not padded to the batch's deepest split), in chunks that keep the temporaries
+# within the last-level cache while paying each numpy call's fixed cost (about 1,700 calls per chunk
+# for a MoE model) on many configs: 32,768 scored 100,000 configs 5-9 % faster than 16,384 on this
+# 2-core machine (32 MB L3). Every config's numbers are computed element-wise, so neither the grouping
+# nor the chunk size changes them.
 GROUP_MIN_CONFIGS = 4096
-CHUNK_CONFIGS = 16384
+CHUNK_CONFIGS = 32768
 
 
 STAGE_KEYS = ("stage_peak_bytes", "stage_states_bytes", "stage_act_microbatch_bytes", "stage_fixed_bytes",
