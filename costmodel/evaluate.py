@@ -138,7 +138,7 @@ def _first_row_match(rows: np.ndarray, table: np.ndarray) -> np.ndarray:
 
 
 def _shapes(spec: ModelSpec, b: ConfigBatch, dp: np.ndarray) -> memory.Shapes:
-    tokens = (b.micro_batch_size * spec.seq_length / b.cp).astype(np.float64)
+    tokens = (b.micro_batch_size * spec.seq_length / b.cp).astype(np.float64, copy=False)
     tokens_sp = np.where(b.sequence_parallel, tokens / b.tp, tokens)
     routed_mean = tokens_sp * (spec.moe_router_topk or 0)
     routed = routed_mean * routing.effective_imbalance(b.ep, b.moe_load_imbalance)

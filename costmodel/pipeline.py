@@ -601,7 +601,7 @@ def microbatches_in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, rank:
     held = np.where(vpp > 1, interleaved, one_f_one_b)
     if schedule is not None:
         held = np.where(schedule[:, None] > 0, dualpipe_microbatches_in_flight(pp, schedule[:, None]), held)
-    return np.where(pp > 1, held, 1.0).astype(np.float64)
+    return np.where(pp > 1, held, 1.0).astype(np.float64, copy=False)
 
 
 def dualpipe_microbatches_in_flight(pp: np.ndarray, schedule: np.ndarray) -> np.ndarray:
