@@ -24,11 +24,12 @@ ParaPlan's batch path and its single ``evaluate`` (batch 1) are. Without the pac
 
 Run from the repository root:
 
-    .venv/bin/python benchmarks/costmodel.py [--repeats N] [--seed S] [--clock wall|cpu]
+    .venv/bin/python benchmarks/costmodel.py [--repeats N] [--seed S] [--clock wall|cpu] [--profile N]
 
 ``--clock cpu`` times both sides (ParaPlan and the peer) in this process's CPU seconds instead of wall
 seconds: on a machine shared with other work, wall time counts the waits for a core, CPU time only
-what the scoring itself spent.
+what the scoring itself spent. ``--profile N`` then prints, per case and batch size, the N costmodel
+functions with the largest cumulative time under cProfile (where the scorer's time goes).
 
 The targets: >= 3,000,000 configs/s at batch 100,000 (MoE and dense), and batch 1 no slower than the peer's
 one config.
@@ -159,6 +160,27 @@ def median_time(fn, repeats: int, min_total_s: float = 0.2) -> float:
     return statistics.median(samples)
 
 
+def print_profile(spec, profile, devices: int, batch: ConfigBatch, top: int, title: str) -> None:
+    """cProfile of ``evaluate_batch`` on ``batch``: the ``top`` costmodel functions by cumulative time,
+    per evaluate (ms), with their own time and calls."""
+    import cProfile
+    import pstats
+
+    calls = max(1, 300 // len(batch)) if len(batch) < 1000 else 3
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        evaluate_batch(spec, profile, devices, batch, keep_stages=False)
+    prof.disable()
+    rows = [(ct / calls * 1e3, tt / calls * 1e3, nc / calls, f"{Path(fn).stem}.{name}")
+            for (fn, _, name), (_, nc, tt, ct, _) in pstats.Stats(prof).stats.items()
+            if f"{os.sep}costmodel{os.sep}" in fn]
+    print(f"\n{title}: cProfile, {calls} evaluate_batch calls, per call")
+    print(f"{'function':<40} {'calls':>7} {'cumulative ms':>14} {'own ms':>8}")
+    for ct, tt, nc, name in sorted(rows, reverse=True)[:top]:
+        print(f"{name:<40} {nc:>7g} {ct:>14.2f} {tt:>8.2f}")
+
+
 def main() -> int:
     tune_allocator()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -166,6 +188,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="time in wall seconds or in this process's CPU seconds (a shared machine)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="then print the N costmodel functions with the most cumulative time per case and size")
     args = ap.parse_args()
     global clock
     clock = CLOCKS[args.clock]
@@ -226,6 +250,11 @@ def main() -> int:
         print(("one evaluate no slower than llm-analysis's one config: " if ok else
                "one evaluate slower than llm-analysis's one config: ")
               + ", ".join(f"{r['case'].split(':')[0]} {r['rate']:,.0f}/s vs {r['peer']:,.0f}/s" for r in single))
+    for label, model, cluster, devices, gbs in CASES if args.profile else ():
+        spec, profile = model_presets.load(model), hardware_profiles.load(cluster)
+        for n in (SIZES[0], SIZES[-1]):
+            print_profile(spec, profile, devices, random_batch(np.random.default_rng(args.seed), n, spec, devices, gbs),
+                          args.profile, f"{label}, batch {n:,}")
     return 0
 
 
