@@ -24,7 +24,12 @@ ParaPlan's batch path and its single ``evaluate`` (batch 1) are. Without the pac
 
 Run from the repository root:
 
-    .venv/bin/python benchmarks/costmodel.py [--repeats N] [--seed S]
+    .venv/bin/python benchmarks/costmodel.py [--repeats N] [--seed S] [--clock wall|cpu] [--profile N]
+
+``--clock cpu`` times both sides (ParaPlan and the peer) in this process's CPU seconds instead of wall
+seconds: on a machine shared with other work, wall time counts the waits for a core, CPU time only
+what the scoring itself spent. ``--profile N`` then prints, per case and batch size, the N costmodel
+functions with the largest cumulative time under cProfile (where the scorer's time goes).
 
 The targets: >= 3,000,000 configs/s at batch 100,000 (MoE and dense), and batch 1 no slower than the peer's
 one config.
@@ -61,6 +66,8 @@ SIZES = (1, 1_000, 100_000)
 TARGET = 3_000_000  # configs/s at batch 100,000
 PEER_CONFIGS = 200
 PEER_GPU = {"nvidia-h100-80gb": "h100-sxm-80gb", "nvidia-a100-80gb": "a100-sxm-80gb"}
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]  # what every cell is timed with (--clock)
 
 
 def random_batch(rng: np.random.Generator, n: int, spec, devices: int, gbs: int) -> ConfigBatch:
@@ -115,7 +122,7 @@ def peer_rate(spec, cluster: str, batch: ConfigBatch, devices: int, gbs: int) ->
     def one(tp: int, pp: int, ep: int, mbs: int, full: bool) -> float | None:
         """Seconds of one call, None where it refuses the config (it asserts that the config fits)."""
         dp = max(devices // (tp * pp), 1)
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             la = LLMAnalysis(model, gpu, parallelism_config=ParallelismConfig(tp_size=tp, pp_size=pp, dp_size=dp,
                                                                               ep_size=ep),
@@ -125,7 +132,7 @@ def peer_rate(spec, cluster: str, batch: ConfigBatch, devices: int, gbs: int) ->
                         activation_recomputation=ActivationRecomputation.FULL if full else ActivationRecomputation.NONE)
         except AssertionError:
             return None
-        return time.perf_counter() - t0
+        return clock() - t0
 
     times = [one(int(batch.tp[i]), int(batch.pp[i]), int(batch.ep[i]), int(batch.micro_batch_size[i]),
                  bool(batch.recompute[i] == 2)) for i in range(min(PEER_CONFIGS, len(batch)))]
@@ -140,17 +147,38 @@ def peer_rate(spec, cluster: str, batch: ConfigBatch, devices: int, gbs: int) ->
 def median_time(fn, repeats: int, min_total_s: float = 0.2) -> float:
     """Median seconds per call over ``repeats`` samples; tiny calls are looped within each sample."""
     fn()  # warm-up
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
-    once = time.perf_counter() - t0
+    once = clock() - t0
     inner = max(1, int(min_total_s / repeats / max(once, 1e-9)))
     samples = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(inner):
             fn()
-        samples.append((time.perf_counter() - t0) / inner)
+        samples.append((clock() - t0) / inner)
     return statistics.median(samples)
+
+
+def print_profile(spec, profile, devices: int, batch: ConfigBatch, top: int, title: str) -> None:
+    """cProfile of ``evaluate_batch`` on ``batch``: the ``top`` costmodel functions by cumulative time,
+    per evaluate (ms), with their own time and calls."""
+    import cProfile
+    import pstats
+
+    calls = max(1, 300 // len(batch)) if len(batch) < 1000 else 3
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        evaluate_batch(spec, profile, devices, batch, keep_stages=False)
+    prof.disable()
+    rows = [(ct / calls * 1e3, tt / calls * 1e3, nc / calls, f"{Path(fn).stem}.{name}")
+            for (fn, _, name), (_, nc, tt, ct, _) in pstats.Stats(prof).stats.items()
+            if f"{os.sep}costmodel{os.sep}" in fn]
+    print(f"\n{title}: cProfile, {calls} evaluate_batch calls, per call")
+    print(f"{'function':<40} {'calls':>7} {'cumulative ms':>14} {'own ms':>8}")
+    for ct, tt, nc, name in sorted(rows, reverse=True)[:top]:
+        print(f"{name:<40} {nc:>7g} {ct:>14.2f} {tt:>8.2f}")
 
 
 def main() -> int:
@@ -158,7 +186,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7, help="timed samples per cell (median reported)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="time in wall seconds or in this process's CPU seconds (a shared machine)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="then print the N costmodel functions with the most cumulative time per case and size")
     args = ap.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
 
     rows = []
     for label, model, cluster, devices, gbs in CASES:
@@ -188,7 +222,7 @@ def main() -> int:
               f"{r['ratio']:,.0f}×" if "ratio" in r else "",
               ("not installed" if r["peer"] is None else f"{r['peer']:,.0f}") if r["n"] == SIZES[0] else "",
               "" if r["peer"] is None else f"{r['rate'] / r['peer']:,.2f}×"] for r in rows]
-    title = (f"costmodel.evaluate_batch, one thread, median of {args.repeats} "
+    title = (f"costmodel.evaluate_batch, one thread, median of {args.repeats}, {args.clock} time "
              f"(numpy {np.__version__}, target ≥ {TARGET:,} configs/s at batch {SIZES[-1]:,})")
     try:
         from rich.console import Console
@@ -216,6 +250,11 @@ def main() -> int:
         print(("one evaluate no slower than llm-analysis's one config: " if ok else
                "one evaluate slower than llm-analysis's one config: ")
               + ", ".join(f"{r['case'].split(':')[0]} {r['rate']:,.0f}/s vs {r['peer']:,.0f}/s" for r in single))
+    for label, model, cluster, devices, gbs in CASES if args.profile else ():
+        spec, profile = model_presets.load(model), hardware_profiles.load(cluster)
+        for n in (SIZES[0], SIZES[-1]):
+            print_profile(spec, profile, devices, random_batch(np.random.default_rng(args.seed), n, spec, devices, gbs),
+                          args.profile, f"{label}, batch {n:,}")
     return 0
 
 

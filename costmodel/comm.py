@@ -21,10 +21,15 @@ def members_per_domain(stride, size, hw: Hardware) -> np.ndarray:
     return np.minimum(per_domain, size)
 
 
+def switched_scale_up(hw: Hardware) -> bool:
+    """Whether the scale-up domain is switched (NVSwitch, UB: the profile states no pair link)."""
+    return bool(np.all(hw.scale_up_link_bytes_per_s <= 0))
+
+
 def scale_up_bandwidth(peers_in_domain, hw: Hardware) -> np.ndarray:
     """Scale-up bandwidth a device reaches towards ``peers_in_domain`` other group members: all of it
     behind a switch (NVSwitch, UB), one pair link per peer in a full mesh (HCCS on Atlas 800T A2)."""
-    if np.all(hw.scale_up_link_bytes_per_s <= 0):
+    if hw.derived(switched_scale_up):
         return np.full(np.shape(peers_in_domain), hw.scale_up_bytes_per_s)
     return np.minimum(hw.scale_up_bytes_per_s, np.maximum(peers_in_domain, 1) * hw.scale_up_link_bytes_per_s)
 
@@ -39,10 +44,11 @@ def group_bus_bandwidth(stride, size, hw: Hardware) -> tuple[np.ndarray, np.ndar
     return bw, lat
 
 
-def all_gather_s(nbytes, stride, size, hw: Hardware) -> np.ndarray:
+def all_gather_s(nbytes, stride, size, hw: Hardware, bus: tuple | None = None) -> np.ndarray:
     """All-gather (or reduce-scatter) of a ``nbytes`` buffer (the full, gathered size): each rank moves
-    (n−1)/n of it, in n−1 ring steps."""
-    bw, lat = group_bus_bandwidth(stride, size, hw)
+    (n−1)/n of it, in n−1 ring steps. ``bus``: the group's ``group_bus_bandwidth``, where the caller
+    runs several collectives over one group."""
+    bw, lat = group_bus_bandwidth(stride, size, hw) if bus is None else bus
     steps = size - 1
     return np.where(size > 1, steps / np.maximum(size, 1) * nbytes / bw + steps * lat, 0.0)
 

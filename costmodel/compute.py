@@ -38,7 +38,7 @@ def gemm_s(m, k, n, hw: Hardware, fp8, count=1.0) -> np.ndarray:
     FP8 matmuls run at the profile's FP8 peak times ``fp8_gemm_eff_ratio`` (casts and scaling)."""
     flops = 2.0 * m * k * n
     fp8 = fp8 & (hw.peak_fp8_flops > 0)  # without an FP8 peak the config is invalid; keep numbers finite
-    eff = hw.gemm_eff_max * _saturation(flops, hw, np.where(fp8, fp8_half_flops(hw), hw.gemm_half_flops))
+    eff = hw.gemm_eff_max * _saturation(flops, hw, np.where(fp8, hw.derived(fp8_half_flops), hw.gemm_half_flops))
     peak = np.where(fp8, hw.peak_fp8_flops * hw.fp8_gemm_eff_ratio, hw.peak_bf16_flops)
     elem = np.where(fp8, 1.0, BF16_BYTES)
     compute = flops / (peak * eff)

@@ -43,6 +43,15 @@ class Hardware:
     # on Ascend (profile fact flash_attention_pads_v_head); GPU flash kernels take unequal dims.
     fa_pads_v_head: bool = False
 
+    def derived(self, fn):
+        """``fn(self)``, computed once per Hardware (it is frozen): what a formula derives from the
+        hardware alone and every call of it would otherwise recompute (FP8's half-efficiency GEMM size
+        for each GEMM of a layer, say)."""
+        cache = self.__dict__.setdefault("_derived", {})
+        if fn not in cache:
+            cache[fn] = fn(self)
+        return cache[fn]
+
     @classmethod
     def from_profile(cls, p: ClusterProfile, factors: dict | None = None) -> "Hardware":
         """The profile's hardware; ``factors`` overrides efficiency factors by their profile key, with

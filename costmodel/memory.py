@@ -14,6 +14,7 @@ and output, the norm inputs, fc1 outputs) stay BF16.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,6 +83,20 @@ def _on_host(s: Shapes, tensors: list) -> np.ndarray:
     return sum(x * _offloads(s, m) for m, x in tensors if m is not None) + 0.0 * s.tokens
 
 
+def _once_per_shapes(tensors):
+    """``tensors(spec, s)`` computed once per Shapes ``s`` and model: a block's stored-tensor list is read
+    by both its device and its host (offload) accounting, and by each layer kind that has the block."""
+    @functools.wraps(tensors)
+    def once(spec: ModelSpec, s: Shapes) -> list:
+        memo = s.__dict__.setdefault("_tensor_lists", {})
+        key = (tensors, id(spec))
+        if key not in memo or memo[key][0] is not spec:
+            memo[key] = (spec, tensors(spec, s))
+        return memo[key][1]
+    return once
+
+
+@_once_per_shapes
 def _attention_tensors(spec: ModelSpec, s: Shapes) -> list:
     """Stored tensors of one layer's input norm, projections and FlashAttention, each with the
     Megatron offload module whose input it is (``--offload-modules``; None: not offloadable)."""
@@ -153,6 +168,7 @@ def mlp_activation_bytes(ffn: int, spec: ModelSpec, T, tp, dropped, gemm_input_b
     return ~dropped * T * (fc1_out_bytes * fc1_out + gemm_input_bytes * ffn) / tp
 
 
+@_once_per_shapes
 def _pre_mlp_tensors(spec: ModelSpec, s: Shapes) -> list:
     keep_norm_out = ~_drops(s, "layernorm")
     return [("mlp_norm", BF16 * s.tokens_sp * spec.hidden_size),
@@ -175,6 +191,7 @@ def dense_layer_activation_bytes(spec: ModelSpec, s: Shapes) -> np.ndarray:
                                    s.gemm_input_bytes, s.act_input_bytes))
 
 
+@_once_per_shapes
 def _moe_block_tensors(spec: ModelSpec, s: Shapes) -> list:
     """Router scores, permuted expert inputs, expert internals and shared experts."""
     h, f = spec.hidden_size, spec.expert_ffn

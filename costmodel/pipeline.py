@@ -421,6 +421,8 @@ def unique_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     without sorting rows: each row is packed into one int64 (mixed radix, which keeps the rows'
     lexicographic order), and small code ranges are deduplicated through a lookup table."""
     n = len(columns[0])
+    if n == 1:  # one row (a single evaluate): itself, as the packing below would give it
+        return np.array([[int(c[0]) for c in columns]], dtype=np.int64), np.zeros(1, dtype=np.intp)
     los, spans, total = [], [], 1
     for c in columns:
         if n == 0:
@@ -599,7 +601,7 @@ def microbatches_in_flight(pp: np.ndarray, vpp: np.ndarray, m: np.ndarray, rank:
     held = np.where(vpp > 1, interleaved, one_f_one_b)
     if schedule is not None:
         held = np.where(schedule[:, None] > 0, dualpipe_microbatches_in_flight(pp, schedule[:, None]), held)
-    return np.where(pp > 1, held, 1.0).astype(np.float64)
+    return np.where(pp > 1, held, 1.0).astype(np.float64, copy=False)
 
 
 def dualpipe_microbatches_in_flight(pp: np.ndarray, schedule: np.ndarray) -> np.ndarray:

@@ -27,7 +27,8 @@ def check(spec: ModelSpec, b: ConfigBatch, devices: int, has_fp8: bool, has_host
     model_par = b.tp * b.pp * b.cp
     # dp is defined only where the devices divide by tp·pp·cp: the rules that use it say nothing
     # elsewhere (a rounded-down dp would be quoted that no launch could have).
-    dp = np.where((model_par > 0) & (devices % np.maximum(model_par, 1) == 0), devices // np.maximum(model_par, 1), 0)
+    whole, rest = np.divmod(devices, np.maximum(model_par, 1))  # one integer division for both
+    dp = np.where((model_par > 0) & (rest == 0), whole, 0)
     dense_rank = b.tp * b.cp * dp
     seq = spec.seq_length
     sp, cp = b.sequence_parallel, b.cp
