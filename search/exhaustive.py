@@ -159,14 +159,29 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     run = _Run(space, top_k, margin_gib, progress, total)
     bounds = _row_bounds(space) if prune else None
     first = mask & plain[None, :]
-    keeps = np.zeros(mask.shape, dtype=bool)  # (row, option) scored, fits and keeps the margin
+    keep_rows, keep_opts = [], []  # the (row, option) pairs scored that fit and keep the margin
     for rows, opts, br, ok, room in run.score(first, batch_size, bounds):
-        keeps[rows[ok[room >= margin_gib]], opts[ok[room >= margin_gib]]] = True
-    second = mask & ~plain[None, :] & ~keeps[:, base]
-    run.skipped = int(mask.sum()) - int(first.sum()) - int(second.sum())
+        keep_rows.append(rows[ok[room >= margin_gib]])
+        keep_opts.append(opts[ok[room >= margin_gib]])
+    second = _offload_pass(mask, base, np.concatenate(keep_rows or [[]]).astype(np.int64),
+                           np.concatenate(keep_opts or [[]]).astype(np.int64))
+    run.skipped = int(np.count_nonzero(mask)) - int(np.count_nonzero(first)) - int(np.count_nonzero(second))
     for _ in run.score(second, batch_size, bounds):
         pass
     return run.ranked()
+
+
+def _offload_pass(mask: np.ndarray, base: np.ndarray, keep_rows: np.ndarray, keep_opts: np.ndarray) -> np.ndarray:
+    """The (row, option) pairs of the offload pass: the offload plans of ``mask`` (options whose
+    counterpart ``base`` is another) except where the counterpart's pair is among the kept ones
+    (``keep_rows``, ``keep_opts``: scored, fits, keeps the margin). Cleared pair by kept pair rather than
+    by gathering a counterpart column per option over the whole mask (a copy of it, column by column)."""
+    offload = base != np.arange(len(base))
+    second = mask & offload[None, :]
+    for q in np.flatnonzero(offload):
+        kept = keep_rows[keep_opts == base[q]]
+        second[kept, q] = False
+    return second
 
 
 class _Run:
