@@ -15,7 +15,7 @@ from .. import frameworks
 
 from .dimensions import CP_COMM_NAMES, SpaceError
 from .splits import _schedule_fields
-from .verdicts import Verdicts
+from .verdicts import Verdicts, shared
 
 if TYPE_CHECKING:
     from .core import SearchSpace
@@ -154,29 +154,29 @@ class Expressible:
             self._expressible_cache["probe"] = dict(TrainingConfig.model_validate(base))
         return self._expressible_cache["probe"]
 
-    def _verdicts(self, kind: str, rule, names: tuple[str, ...], **fields) -> Verdicts:
-        """The remembered ``Verdicts`` of ``rule`` on probes with ``fields`` set, named ``kind``."""
+    def _expressible_verdicts(self, kind: str, names: tuple[str, ...], **fields) -> Verdicts:
+        """The remembered ``Verdicts`` (named ``kind``) that a probe with ``fields`` set and ``names`` varied
+        is expressible, without the split's rules. The probes hold the base's split (pp = 1): one
+        ``pipeline_split`` serves them all."""
         key = ("verdicts", kind)
         if key not in self._expressible_cache:
-            self._expressible_cache[key] = Verdicts(rule, {**self._probe_fields(), **fields}, names)
+            base = {**self._probe_fields(), **fields}
+            spec, framework, domain = self.spec, self.framework, self._domain()
+            split = shared(lambda cfg: frameworks.pipeline_split(cfg, spec, framework), base, names)
+            rule = lambda cfg: not frameworks.refusals(cfg, spec, framework, domain, split_rules=False,  # noqa: E731
+                                                       split=split)
+            self._expressible_cache[key] = Verdicts(rule, base, names)
         return self._expressible_cache[key]
-
-    def _expresses(self, split_rules: bool = False):
-        """The rule that a probe is expressible (no refusal), without the split's rules."""
-        spec, framework, domain = self.spec, self.framework, self._domain()
-        return lambda cfg: not frameworks.refusals(cfg, spec, framework, domain, split_rules=split_rules)
 
     def _domain(self) -> int:
         return int(self.profile.fact("scale_up_domain"))
 
     def _options_row(self, tp: int, ep: int, etp: int) -> np.ndarray:
-        verdicts = self._verdicts("options", self._expresses(), ("tp", "ep", "etp") + OPTION_FIELDS,
-                                  moe_a2a_algorithm="flat")
+        verdicts = self._expressible_verdicts("options", ("tp", "ep", "etp") + OPTION_FIELDS, moe_a2a_algorithm="flat")
         return np.array([verdicts((tp, ep, etp) + o) for o in self._option_values()], dtype=bool)
 
     def _layout_row(self, tp: int, cp: int, ep: int, etp: int, hierarchical: int, cp_comm: int) -> bool:
-        verdicts = self._verdicts("layout", self._expresses(), ("tp", "cp", "ep", "etp", "moe_a2a_algorithm",
-                                                                "cp_comm_type"))
+        verdicts = self._expressible_verdicts("layout", ("tp", "cp", "ep", "etp", "moe_a2a_algorithm", "cp_comm_type"))
         return verdicts((tp, cp, ep, etp, "hierarchical" if hierarchical else "flat", CP_COMM_NAMES[cp_comm]))
 
     def _split_row(self, pp, vpp, first, last, acc_emb, acc_loss, layout_id, schedule, etp, cp) -> np.ndarray:
@@ -192,8 +192,7 @@ class Expressible:
             split["pipeline_layout"] = self.layouts[layout_id]
         base = {**self._probe_fields(), **split}
         spec, framework = self.spec, self.framework
-        # one split for every option: pipeline_split reads the split fields only
-        layout = frameworks.pipeline_split(TrainingConfig.model_construct(**base), spec, framework)
+        layout = shared(lambda cfg: frameworks.pipeline_split(cfg, spec, framework), base, OPTION_FIELDS)
         verdicts = Verdicts(lambda cfg: not frameworks.split_refusals(cfg, spec, framework, layout), base,
                             OPTION_FIELDS)
         return np.array([verdicts(o) for o in self._option_values()], dtype=bool)

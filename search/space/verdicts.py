@@ -44,6 +44,16 @@ class _Reads:
         return prop.fget(self)
 
 
+def shared(fn: Callable[[object], object], base: dict, names: tuple[str, ...]):
+    """``fn`` of the config ``base``, for every probe that varies only ``names`` (a value computed once, such
+    as the pipeline split the rules take): ``RuntimeError`` if ``fn`` reads one of them."""
+    view = _Reads(base, {n: i for i, n in enumerate(names)})
+    value = fn(view)
+    if view.order:
+        raise RuntimeError(f"{getattr(fn, '__name__', fn)} reads {names[view.order[0]]}, which the probes vary")
+    return value
+
+
 class _Node:
     """A tree node: the index of the varying field the rule reads next and the node after each value of
     it, or at a leaf (``read`` -1) the verdict."""
