@@ -113,8 +113,17 @@ def _layout_codes(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
     return unique_rows([np.asarray(space.parallel[k], dtype=np.int64) for k in LAYOUT_FIELDS])
 
 
-def _row_bounds(space: SearchSpace) -> np.ndarray:
-    """An upper bound on the tokens/s of every option of each layout row of ``space`` (inf where unknown).
+def _row_bounds(space: SearchSpace, batch_size: int = 200_000) -> np.ndarray:
+    """An upper bound on the tokens/s of every option of each layout row of ``space`` (inf where unknown),
+    scored in chunks of ``batch_size`` rows as the configs are (``_chunk_bounds``): one call over every
+    row would hold arrays a few times larger, fresh pages each, for no fewer operations."""
+    n = len(space.parallel["tp"])
+    return np.concatenate([np.zeros(0)] + [_chunk_bounds(space, np.arange(start, min(start + batch_size, n)))
+                                           for start in range(0, n, batch_size)])
+
+
+def _chunk_bounds(space: SearchSpace, rows: np.ndarray) -> np.ndarray:
+    """The bounds of layout rows ``rows`` (``_row_bounds``).
 
     Each row is scored once with no recompute, no offload and both overlaps on. Every option of the row
     has the same layer costs but for what its recompute adds (the selective modules' or the recomputed
@@ -123,8 +132,7 @@ def _row_bounds(space: SearchSpace) -> np.ndarray:
     bubble ((pp - 1)/vpp of it) are at least the bound row's, and the data-parallel and optimizer terms
     are >= 0. The bound step is those parts (less one part in 10^9 for the order of the float sums) plus
     the stragglers' wait on it; a DualPipe row's bubble is taken as 0."""
-    n = len(space.parallel["tp"])
-    rows = np.arange(n)
+    n = len(rows)
     b = space.make_batch(rows, np.zeros(n, dtype=np.int64))
     b = replace(b, recompute=np.zeros(n, dtype=np.int64), recompute_num_layers=np.full(n, NO_VALUE, dtype=np.int64),
                 offload_modules=np.zeros(n, dtype=np.int64), tp_comm_overlap=np.ones(n, dtype=bool),
@@ -157,7 +165,7 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     base = np.asarray(space.offload_counterpart, dtype=np.int64)
     plain = base == np.arange(len(base))
     run = _Run(space, top_k, margin_gib, progress, total)
-    bounds = _row_bounds(space) if prune else None
+    bounds = _row_bounds(space, batch_size) if prune else None
     first = mask & plain[None, :]
     keep_rows, keep_opts = [], []  # the (row, option) pairs scored that fit and keep the margin
     for rows, opts, br, ok, room in run.score(first, batch_size, bounds):
@@ -215,7 +223,9 @@ class _Run:
             order = rows[np.argsort(-bounds[rows], kind="stable")]
             best = np.sort(order[:int(np.searchsorted(np.cumsum(counts[order]), batch_size)) + 1])
             yield best
-            rows = np.setdiff1d(rows, best, assume_unique=True)
+            rest = counts > 0
+            rest[best] = False
+            rows = np.flatnonzero(rest)
         if len(rows) == 0:
             return
         cum = np.cumsum(counts[rows])
