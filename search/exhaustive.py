@@ -9,8 +9,9 @@ Most of a large space cannot reach that cut, and the engine decides it without s
 layout row (its layout, split and micro-batch) scored with the options that make a step shortest (no
 recompute, no offload, every overlap on) bounds the throughput of all its options from above
 (``_row_bounds``); once the kept configs hold K layouts, rows whose bound is below the cut are counted as
-pruned. The rows with the highest bounds are scored first, so the cut is known early. Scoring the rest in
-any order gives the same kept set (``_Kept.merge``), so the result equals a plain full scan's.
+pruned. The rows are scored highest bound first, so the cut is known early and the scan stops where the
+highest bound left is below it. Scoring in any order gives the same kept set (``_Kept.merge``), so the
+result equals a plain full scan's.
 """
 
 from __future__ import annotations
@@ -215,29 +216,30 @@ class _Run:
 
     def _row_groups(self, counts: np.ndarray, bounds: np.ndarray | None, batch_size: int):
         """The layout rows to score (those with pairs to score, ``counts``), in groups of about ``batch_size``
-        pairs, each group in row order: without bounds all of them; with them, first the rows with the
-        highest bounds, then the others, each group without the rows whose bound is below the cut known by
-        then (their pairs counted as pruned)."""
+        pairs, each group in row order: without bounds all of them, in row order; with them, highest bound
+        first, in groups of a quarter of that so that the cut (``cut_tokens``) is known and rises after a
+        few rows' scores, each group without the rows whose bound is below the cut known by then, and no
+        group once the highest bound left is below it (all those pairs counted as pruned)."""
         rows = np.flatnonzero(counts)
-        if bounds is not None and counts.sum() > batch_size:
-            order = rows[np.argsort(-bounds[rows], kind="stable")]
-            best = np.sort(order[:int(np.searchsorted(np.cumsum(counts[order]), batch_size)) + 1])
-            yield best
-            rest = counts > 0
-            rest[best] = False
-            rows = np.flatnonzero(rest)
         if len(rows) == 0:
             return
+        if bounds is not None:
+            rows = rows[np.argsort(-bounds[rows], kind="stable")]
+            batch_size = max(batch_size // 4, 1)
         cum = np.cumsum(counts[rows])
         edges = np.searchsorted(cum, np.arange(batch_size, int(cum[-1]), batch_size), side="right")
-        for group in np.split(rows, np.unique(edges)):
+        groups = [g for g in np.split(rows, np.unique(edges)) if len(g)]
+        for i, group in enumerate(groups):
             cut = None if bounds is None else self.cut_tokens()
             if cut is not None:
+                if bounds[group[0]] < cut:  # the highest bound left
+                    self.pruned += int(sum(int(counts[g].sum()) for g in groups[i:]))
+                    return
                 live = bounds[group] >= cut
                 self.pruned += int(counts[group[~live]].sum())
                 group = group[live]
             if len(group):
-                yield group
+                yield np.sort(group)
 
     def score(self, mask: np.ndarray, batch_size: int, bounds: np.ndarray | None = None):
         """Score the pairs of ``mask`` in chunks (those ``bounds`` cannot rule out), keeping the best; yields
