@@ -80,9 +80,10 @@ class Expressible:
         and option with cp = 1 and flat dispatch (no option rule reads the algorithms), per distinct (tp,
         cp, ep, etp, dispatch, CP algorithm) with no recompute and no overlap; and the
         split rules per distinct split and option, and per etp and cp under DualPipeV (``split_refusals``
-        says no other rule reads the split or fires at pp = 1, and only DualPipeV's read etp and cp)."""
+        says no other rule reads the split or fires at pp = 1, and only DualPipeV's read etp and cp). Each
+        rule runs once per path through it (``Verdicts``), not once per question."""
         (opt, i_opt, _, _), rest = self._expressible_parts(par)
-        return _gather_and(opt, i_opt, rest, len(par["tp"]))
+        return unpack_options(_gather_and(opt, i_opt, rest, len(par["tp"])), len(self.options))
 
     def _expressible_parts(self, par: dict[str, np.ndarray]):
         """The expressible mask's parts: ((option table, each config's row, each row's tp and ep), [(table,
