@@ -20,7 +20,9 @@ and their ranks are equal (exit 1 if not):
 ascend-910b --devices 6144 --global-batch-size 7680``) as a user runs it: a whole new process each time,
 one thread (``OMP_NUM_THREADS=1`` and the BLAS equivalents), pinned to CPU 0 with ``taskset`` where there is
 one, its tables written to /dev/null; one warm-up run, then the median of ``--runs`` (wall seconds, and CPU
-seconds user + system from the kernel's accounting of the finished child) against the 5 s target.
+seconds user + system from the kernel's accounting of the finished child) against the 5 s target (exit 1
+when the median wall time misses it; on a machine busy with other work the wall time counts waiting for a
+CPU, and the CPU seconds are the figure to compare).
 ``--against DIR`` runs the same command on another checkout (its directory first on PYTHONPATH), in turn
 with this one, and adds its figures and the ratios run by run (this / other), so that a comparison holds
 on a shared machine whose speed drifts:
