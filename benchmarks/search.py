@@ -9,11 +9,25 @@ within the budget). One thread. Run from the repository root:
     .venv/bin/python benchmarks/search.py [--seeds 5] [--budget 500] [--cases pangu,dsv3,llama]
 
 ``--exactness`` instead checks the exhaustive engine's pruning on the README's Pangu search (MindSpeed,
-top 10): the plain full scan (``run_exhaustive(..., prune=False)``) and the pruned one on the same space,
+top 10, the search's 4 GiB memory margin unless ``--margin-gib``): the plain full scan
+(``run_exhaustive(..., prune=False)``) and the pruned one on the same space,
 their wall and CPU seconds, configs scored and pruned, and whether the top-10 configs, the top-10 layouts
 and their ranks are equal (exit 1 if not):
 
     .venv/bin/python benchmarks/search.py --exactness
+
+``--readme`` times the README's first command (``paraplan search --model pangu-ultra-moe-718b --cluster
+ascend-910b --devices 6144 --global-batch-size 7680``) as a user runs it: a whole new process each time,
+one thread (``OMP_NUM_THREADS=1`` and the BLAS equivalents), pinned to CPU 0 with ``taskset`` where there is
+one, its tables written to /dev/null; one warm-up run, then the median of ``--runs`` (wall seconds, and CPU
+seconds user + system from the kernel's accounting of the finished child) against the 5 s target (exit 1
+when the median wall time misses it; on a machine busy with other work the wall time counts waiting for a
+CPU, and the CPU seconds are the figure to compare).
+``--against DIR`` runs the same command on another checkout (its directory first on PYTHONPATH), in turn
+with this one, and adds its figures and the ratios run by run (this / other), so that a comparison holds
+on a shared machine whose speed drifts:
+
+    .venv/bin/python benchmarks/search.py --readme [--runs 5] [--against ../main]
 """
 
 from __future__ import annotations
@@ -24,7 +38,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import shutil  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -38,6 +54,7 @@ from rich.table import Table  # noqa: E402
 import hardware_profiles  # noqa: E402
 import model_presets  # noqa: E402
 from search import SearchRequest, run_search  # noqa: E402
+from search.margin import DEFAULT_MEMORY_MARGIN_GIB  # noqa: E402
 
 CASES = {
     "pangu": ("pangu-ultra-moe-718b", "ascend-910b", 6144, 7680),
@@ -88,8 +105,9 @@ def run_case(name: str, seeds: int, budget: int) -> list[list[str]]:
     return rows
 
 
-def exactness(top_k: int = 10) -> bool:
-    """The pruned exhaustive scan against the plain full scan on the Pangu space; prints a table."""
+def exactness(top_k: int = 10, margin_gib: float = DEFAULT_MEMORY_MARGIN_GIB) -> bool:
+    """The pruned exhaustive scan against the plain full scan on the Pangu space, with the README command's
+    memory margin unless told; prints a table."""
     from search.exhaustive import run_exhaustive
     from search.space import build_space
 
@@ -100,11 +118,12 @@ def exactness(top_k: int = 10) -> bool:
     runs = {}
     for prune in (False, True):
         t0, c0 = time.perf_counter(), time.process_time()
-        ranked = run_exhaustive(space, top_k, prune=prune)
+        ranked = run_exhaustive(space, top_k, prune=prune, margin_gib=margin_gib)
         runs[prune] = (ranked, time.perf_counter() - t0, time.process_time() - c0)
     key = lambda r: (r.configs, [(lay["layout"], lay["best_rank"], lay["config"]) for lay in r.layouts])  # noqa: E731
     same = key(runs[True][0]) == key(runs[False][0])
-    table = Table(title=f"exhaustive engine on pangu ({space.size:,} configs, top {top_k}; space built in "
+    table = Table(title=f"exhaustive engine on pangu ({space.size:,} configs, top {top_k}, memory margin "
+                        f"{margin_gib:g} GiB; space built in "
                         f"{build[0]:.1f} s wall, {build[1]:.1f} s CPU)")
     for col in ("scan", "wall s", "CPU s", "configs scored", "configs pruned", "top-10 configs, layouts, ranks"):
         table.add_column(col, justify="left" if col == "scan" else "right")
@@ -116,15 +135,84 @@ def exactness(top_k: int = 10) -> bool:
     return same
 
 
+README_ARGS = ["search", "--model", "pangu-ultra-moe-718b", "--cluster", "ascend-910b", "--devices", "6144",
+               "--global-batch-size", "7680"]
+README_TARGET_S = 5.0
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _readme_command() -> list[str]:
+    """The README's command 1 on one CPU: the ``paraplan`` script beside this interpreter (what a user
+    runs), else ``python -m app.cli``."""
+    script = Path(sys.executable).with_name("paraplan")
+    cli = [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
+    pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
+    return pin + cli + README_ARGS
+
+
+def time_process(command: list[str], checkout: Path) -> tuple[float, float]:
+    """(wall s, CPU s user + system) of one run of ``command`` importing ``checkout``'s code, one thread."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = "1"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(command, env=env, cwd=checkout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stderr = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} in {checkout} exited {proc.returncode}: {stderr.decode()[-2000:]}")
+    return wall, usage.ru_utime + usage.ru_stime
+
+
+def readme(runs: int, against: Path | None) -> bool:
+    """Time README command 1 (and the same on ``against``, in turn); prints a table; True when this
+    checkout's median wall time meets the target."""
+    command = _readme_command()
+    checkouts = {"this checkout": ROOT} | ({f"{against}": against} if against is not None else {})
+    for path in checkouts.values():  # warm-up: byte-compiled modules and the page cache, not counted
+        time_process(command, path)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in checkouts}
+    for _ in range(runs):
+        for name, path in checkouts.items():
+            times[name].append(time_process(command, path))
+    table = Table(title=f"README command 1, whole process, one thread{' on CPU 0' if command[0] == 'taskset' else ''}: "
+                        f"median of {runs} runs (min-max); load average {os.getloadavg()[0]:.1f} on "
+                        f"{os.cpu_count()} CPUs at the end")
+    for col in ("checkout", "wall s", "CPU s (user + sys)", f"wall / {README_TARGET_S:g} s target", "meets target"):
+        table.add_column(col, justify="left" if col == "checkout" else "right")
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    span = lambda xs: f"{med(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"  # noqa: E731
+    for name, rows in times.items():
+        walls, cpus = [w for w, _ in rows], [c for _, c in rows]
+        table.add_row(name, span(walls), span(cpus), f"{med(walls) / README_TARGET_S:.2f}",
+                      "yes" if med(walls) <= README_TARGET_S else "no")
+    if against is not None:
+        mine, other = times["this checkout"], times[f"{against}"]
+        table.add_row("ratio, run by run (this / other)", span([a[0] / b[0] for a, b in zip(mine, other)]),
+                      span([a[1] / b[1] for a, b in zip(mine, other)]), "", "")
+    Console(width=200).print(f"command: {' '.join(command)}")
+    Console(width=200).print(table)
+    return med([w for w, _ in times["this checkout"]]) <= README_TARGET_S
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--exactness", action="store_true", help="check the pruned exhaustive scan on the Pangu space")
+    ap.add_argument("--margin-gib", type=float, default=DEFAULT_MEMORY_MARGIN_GIB,
+                    help="--exactness: the memory margin both scans rank by (default: the search's, 4 GiB)")
+    ap.add_argument("--readme", action="store_true", help="time README command 1 as a whole process (5 s target)")
+    ap.add_argument("--runs", type=int, default=5, help="--readme: counted runs (after one warm-up)")
+    ap.add_argument("--against", type=Path, help="--readme: another checkout to time in turn with this one")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=500, help="trials per sampler run")
     ap.add_argument("--cases", default="pangu,dsv3,llama")
     args = ap.parse_args()
     if args.exactness:
-        sys.exit(0 if exactness() else 1)
+        sys.exit(0 if exactness(margin_gib=args.margin_gib) else 1)
+    if args.readme:
+        sys.exit(0 if readme(args.runs, args.against.resolve() if args.against else None) else 1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     table = Table(title=f"search engines (median of {args.seeds} seeds, budget {args.budget} trials, one thread)")
     for col in ("case", "space size", "engine", "to reach 99 % of optimum", "wall time", "optimum tokens/s",

@@ -16,9 +16,11 @@ from costmodel import ClusterProfile, ModelSpec, TrainingConfig, evaluate_many
 from .exhaustive import ProgressFn, Ranked, run_exhaustive
 from .margin import DEFAULT_MEMORY_MARGIN_GIB, margin_fields
 from .objective import OBJECTIVES
-from .samplers import SAMPLERS, run_sampler
 from .space import SearchSpace, build_space
 
+# The Optuna samplers (search/samplers.py, imported when one runs: Optuna and its storage layer take longer
+# to import than a small exhaustive search takes to run).
+SAMPLERS = ("tpe", "nsga2", "random")
 ENGINES = ("auto", "exhaustive") + SAMPLERS
 # ``auto`` enumerates spaces up to this many configs (a few seconds on one core), else runs TPE.
 AUTO_EXHAUSTIVE_MAX = 20_000_000
@@ -105,6 +107,8 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None,
     if engine == "exhaustive":
         ranked: Ranked = run_exhaustive(space, req.top_k, progress, margin_gib=req.memory_margin_gib)
     else:
+        from .samplers import run_sampler
+
         ranked = run_sampler(space, engine, req.n_trials, req.top_k, seed=req.seed, storage=req.storage,
                              study_name=req.study_name, progress=progress, timeout_s=req.timeout_s,
                              worker=req.worker, margin_gib=req.memory_margin_gib)

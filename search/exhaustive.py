@@ -9,8 +9,9 @@ Most of a large space cannot reach that cut, and the engine decides it without s
 layout row (its layout, split and micro-batch) scored with the options that make a step shortest (no
 recompute, no offload, every overlap on) bounds the throughput of all its options from above
 (``_row_bounds``); once the kept configs hold K layouts, rows whose bound is below the cut are counted as
-pruned. The rows with the highest bounds are scored first, so the cut is known early. Scoring the rest in
-any order gives the same kept set (``_Kept.merge``), so the result equals a plain full scan's.
+pruned. The rows are scored highest bound first, so the cut is known early and the scan stops where the
+highest bound left is below it. Scoring in any order gives the same kept set (``_Kept.merge``), so the
+result equals a plain full scan's.
 """
 
 from __future__ import annotations
@@ -113,8 +114,17 @@ def _layout_codes(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
     return unique_rows([np.asarray(space.parallel[k], dtype=np.int64) for k in LAYOUT_FIELDS])
 
 
-def _row_bounds(space: SearchSpace) -> np.ndarray:
-    """An upper bound on the tokens/s of every option of each layout row of ``space`` (inf where unknown).
+def _row_bounds(space: SearchSpace, batch_size: int = 200_000) -> np.ndarray:
+    """An upper bound on the tokens/s of every option of each layout row of ``space`` (inf where unknown),
+    scored in chunks of ``batch_size`` rows as the configs are (``_chunk_bounds``): one call over every
+    row would hold arrays a few times larger, fresh pages each, for no fewer operations."""
+    n = len(space.parallel["tp"])
+    return np.concatenate([np.zeros(0)] + [_chunk_bounds(space, np.arange(start, min(start + batch_size, n)))
+                                           for start in range(0, n, batch_size)])
+
+
+def _chunk_bounds(space: SearchSpace, rows: np.ndarray) -> np.ndarray:
+    """The bounds of layout rows ``rows`` (``_row_bounds``).
 
     Each row is scored once with no recompute, no offload and both overlaps on. Every option of the row
     has the same layer costs but for what its recompute adds (the selective modules' or the recomputed
@@ -123,8 +133,7 @@ def _row_bounds(space: SearchSpace) -> np.ndarray:
     bubble ((pp - 1)/vpp of it) are at least the bound row's, and the data-parallel and optimizer terms
     are >= 0. The bound step is those parts (less one part in 10^9 for the order of the float sums) plus
     the stragglers' wait on it; a DualPipe row's bubble is taken as 0."""
-    n = len(space.parallel["tp"])
-    rows = np.arange(n)
+    n = len(rows)
     b = space.make_batch(rows, np.zeros(n, dtype=np.int64))
     b = replace(b, recompute=np.zeros(n, dtype=np.int64), recompute_num_layers=np.full(n, NO_VALUE, dtype=np.int64),
                 offload_modules=np.zeros(n, dtype=np.int64), tp_comm_overlap=np.ones(n, dtype=bool),
@@ -157,16 +166,31 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     base = np.asarray(space.offload_counterpart, dtype=np.int64)
     plain = base == np.arange(len(base))
     run = _Run(space, top_k, margin_gib, progress, total)
-    bounds = _row_bounds(space) if prune else None
+    bounds = _row_bounds(space, batch_size) if prune else None
     first = mask & plain[None, :]
-    keeps = np.zeros(mask.shape, dtype=bool)  # (row, option) scored, fits and keeps the margin
+    keep_rows, keep_opts = [], []  # the (row, option) pairs scored that fit and keep the margin
     for rows, opts, br, ok, room in run.score(first, batch_size, bounds):
-        keeps[rows[ok[room >= margin_gib]], opts[ok[room >= margin_gib]]] = True
-    second = mask & ~plain[None, :] & ~keeps[:, base]
-    run.skipped = int(mask.sum()) - int(first.sum()) - int(second.sum())
+        keep_rows.append(rows[ok[room >= margin_gib]])
+        keep_opts.append(opts[ok[room >= margin_gib]])
+    second = _offload_pass(mask, base, np.concatenate(keep_rows or [[]]).astype(np.int64),
+                           np.concatenate(keep_opts or [[]]).astype(np.int64))
+    run.skipped = int(np.count_nonzero(mask)) - int(np.count_nonzero(first)) - int(np.count_nonzero(second))
     for _ in run.score(second, batch_size, bounds):
         pass
     return run.ranked()
+
+
+def _offload_pass(mask: np.ndarray, base: np.ndarray, keep_rows: np.ndarray, keep_opts: np.ndarray) -> np.ndarray:
+    """The (row, option) pairs of the offload pass: the offload plans of ``mask`` (options whose
+    counterpart ``base`` is another) except where the counterpart's pair is among the kept ones
+    (``keep_rows``, ``keep_opts``: scored, fits, keeps the margin). Cleared pair by kept pair rather than
+    by gathering a counterpart column per option over the whole mask (a copy of it, column by column)."""
+    offload = base != np.arange(len(base))
+    second = mask & offload[None, :]
+    for q in np.flatnonzero(offload):
+        kept = keep_rows[keep_opts == base[q]]
+        second[kept, q] = False
+    return second
 
 
 class _Run:
@@ -192,27 +216,30 @@ class _Run:
 
     def _row_groups(self, counts: np.ndarray, bounds: np.ndarray | None, batch_size: int):
         """The layout rows to score (those with pairs to score, ``counts``), in groups of about ``batch_size``
-        pairs, each group in row order: without bounds all of them; with them, first the rows with the
-        highest bounds, then the others, each group without the rows whose bound is below the cut known by
-        then (their pairs counted as pruned)."""
+        pairs, each group in row order: without bounds all of them, in row order; with them, highest bound
+        first, in groups of a quarter of that so that the cut (``cut_tokens``) is known and rises after a
+        few rows' scores, each group without the rows whose bound is below the cut known by then, and no
+        group once the highest bound left is below it (all those pairs counted as pruned)."""
         rows = np.flatnonzero(counts)
-        if bounds is not None and counts.sum() > batch_size:
-            order = rows[np.argsort(-bounds[rows], kind="stable")]
-            best = np.sort(order[:int(np.searchsorted(np.cumsum(counts[order]), batch_size)) + 1])
-            yield best
-            rows = np.setdiff1d(rows, best, assume_unique=True)
         if len(rows) == 0:
             return
+        if bounds is not None:
+            rows = rows[np.argsort(-bounds[rows], kind="stable")]
+            batch_size = max(batch_size // 4, 1)
         cum = np.cumsum(counts[rows])
         edges = np.searchsorted(cum, np.arange(batch_size, int(cum[-1]), batch_size), side="right")
-        for group in np.split(rows, np.unique(edges)):
+        groups = [g for g in np.split(rows, np.unique(edges)) if len(g)]
+        for i, group in enumerate(groups):
             cut = None if bounds is None else self.cut_tokens()
             if cut is not None:
+                if bounds[group[0]] < cut:  # the highest bound left
+                    self.pruned += int(sum(int(counts[g].sum()) for g in groups[i:]))
+                    return
                 live = bounds[group] >= cut
                 self.pruned += int(counts[group[~live]].sum())
                 group = group[live]
             if len(group):
-                yield group
+                yield np.sort(group)
 
     def score(self, mask: np.ndarray, batch_size: int, bounds: np.ndarray | None = None):
         """Score the pairs of ``mask`` in chunks (those ``bounds`` cannot rule out), keeping the best; yields

@@ -25,13 +25,13 @@ import optuna
 
 from costmodel import evaluate_batch
 
+from .engine import SAMPLERS  # noqa: F401 - the names, listed where the engine offers them
 from .exhaustive import LAYOUT_FIELDS, ProgressFn, Ranked, _rank_order, layout_firsts
 from .objective import ranking_tokens_per_s
 from .space import CP_COMM_CODES, CP_COMM_NAMES, SearchSpace
 from .storages import ReservationTurns, TrialHeartbeat, fail_stale_trials, open_rdb_storage, reservation_lock
 from .trial_writes import OwnTrialsStorage
 
-SAMPLERS = ("tpe", "nsga2", "random")
 COMPLETE, RUNNING = optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.RUNNING
 TPE_ROUND = 8  # trials asked before the next tell: TPE's model is refitted between rounds
 NSGA2_POPULATION = 50

@@ -78,3 +78,36 @@ def test_commands_take_shared_helpers_from_common_not_main():
 def test_the_cycle_finder_sees_a_circle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# A plain search runs the exhaustive engine; Optuna and its storage layer (SQLAlchemy) take longer to import
+# than a small search takes to run, so they load only when a sampler runs.
+_RUN_AND_LIST = """
+import sys
+from app.cli.main import main
+sys.argv = ["paraplan", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print("imported:", ",".join(m for m in ("optuna", "sqlalchemy") if m in sys.modules), file=sys.stderr)
+"""
+
+
+def _heavy_modules_after(*args: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    root = CLI.parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-c", _RUN_AND_LIST, "search", "--model", "tiny-moe", "--cluster",
+                           "ascend-910b", "--devices", "16", "--global-batch-size", "64", "--json", *args],
+                          capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stderr.splitlines()[-1].removeprefix("imported:").strip()
+
+
+def test_an_exhaustive_search_imports_neither_optuna_nor_sqlalchemy():
+    assert _heavy_modules_after() == ""
+    assert _heavy_modules_after("--sampler", "tpe", "--trials", "4", "--seed", "1") == "optuna,sqlalchemy"

@@ -388,21 +388,27 @@ SAMPLER_ONLY = ("trials", "seed", "timeout_s", "storage", "study_name")
 EXHAUSTIVE_WHY = "with --sampler exhaustive (it scores the whole space; the samplers read it)"
 
 
+def _quiet_optuna(engine: str, size: int) -> None:
+    """Optuna logs every study it creates at INFO on its own stderr handler ("A new study created in memory
+    ..."): noise in a command whose stderr carries only progress, warnings and errors. Its warnings stay.
+    Set once the engine is known (``run_search``'s ``on_engine``): an exhaustive search never imports Optuna."""
+    if engine != "exhaustive":
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
 def _run_with_progress(req: SearchRequest) -> dict:
     """Run the search with a progress bar on stderr when it is a terminal."""
-    import optuna
-
-    # Optuna logs every study it creates at INFO on its own stderr handler ("A new study created in memory
-    # ..."): noise in a command whose stderr carries only progress, warnings and errors. Its warnings stay.
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     if not err.is_terminal:
-        return run_search(req)
+        return run_search(req, on_engine=_quiet_optuna)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeRemainingColumn(), console=err, transient=True) as bar:
         task = bar.add_task("searching", total=None)
-        return run_search(req, progress=lambda done, total: bar.update(task, completed=done, total=total))
+        return run_search(req, progress=lambda done, total: bar.update(task, completed=done, total=total),
+                          on_engine=_quiet_optuna)
 
 
 from .commands import serve, submit, worker  # noqa: E402 - the service commands (app/cli/commands/)

@@ -27,19 +27,21 @@ class Expression:
 
 
 def express(config: TrainingConfig, spec: ModelSpec, framework: str,
-            scale_up_domain: int | None = None, split_rules: bool = True) -> Expression:
+            scale_up_domain: int | None = None, split_rules: bool = True, split: Split | None = None) -> Expression:
     """The flags of ``config`` in ``framework`` and the refusals of what it cannot express.
 
     ``scale_up_domain`` (devices per scale-up domain, from the cluster profile) decides whether the
     expert-parallel group leaves the domain (then the dispatch algorithm matters) and the Ulysses degree
     of ``cp_comm_type=a2a+p2p``; unknown, the choices that depend on it are refused rather than guessed.
     ``split_rules=False`` leaves out the all-to-all overlap's pipeline rules (``_a2a_overlap_pipeline``),
-    for the search's probes at pp = 1, which score those per split (``split_refusals``).
+    for the search's probes at pp = 1, which score those per split (``split_refusals``). ``split``:
+    ``pipeline_split`` of the config, where the caller has it (it reads the split fields only, so the
+    probes that share them share one).
     """
     if framework not in FRAMEWORKS:
         raise ValueError(f"unknown framework {framework!r}; known: {', '.join(FRAMEWORKS)}")
     ms = framework == "mindspeed"
-    out = Expression(split=pipeline_split(config, spec, framework))
+    out = Expression(split=pipeline_split(config, spec, framework) if split is None else split)
     out.add("recompute", *_recompute(config, spec, ms, out.split))
     out.add("offload", *_offload(config, ms))
     out.add("sharding", *_sharding(config, ms))
@@ -67,9 +69,9 @@ def express(config: TrainingConfig, spec: ModelSpec, framework: str,
 
 
 def refusals(config: TrainingConfig, spec: ModelSpec, framework: str,
-             scale_up_domain: int | None = None, split_rules: bool = True) -> list[Refusal]:
+             scale_up_domain: int | None = None, split_rules: bool = True, split: Split | None = None) -> list[Refusal]:
     """What ``framework`` cannot express of ``config`` (empty: a launch carries the plan out)."""
-    return express(config, spec, framework, scale_up_domain, split_rules).refusals
+    return express(config, spec, framework, scale_up_domain, split_rules, split).refusals
 
 
 def split_refusals(config: TrainingConfig, spec: ModelSpec, framework: str, split: Split | None = None) -> list[Refusal]:

@@ -55,11 +55,12 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
             layouts.append(fields["pipeline_layout"])
         split_rows.append((pp, vpp, fields))
     check()
-    grid = list(product(range(len(split_rows)), values["tp"], values["cp"], values["ep"], values["etp"],
-                        values["micro_batch_size"]))
-    if not grid or not split_rows:
+    # every (split row, tp, cp, ep, etp, micro-batch), in itertools.product's order
+    axes = [np.arange(len(split_rows))] + [np.asarray(values[k], dtype=np.int64)
+                                           for k in ("tp", "cp", "ep", "etp", "micro_batch_size")]
+    if not split_rows or any(len(a) == 0 for a in axes):
         raise SpaceError("pp", "no pipeline size fits this device count and model")
-    g = np.array(grid, dtype=np.int64)
+    g = np.stack([m.reshape(-1) for m in np.meshgrid(*axes, indexing="ij")], axis=1)
     split_idx = g[:, 0]
     pp_col = np.array([r[0] for r in split_rows], dtype=np.int64)[split_idx]
     vpp_col = np.array([r[1] for r in split_rows], dtype=np.int64)[split_idx]
@@ -85,12 +86,10 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
                         parallel=parallel, options=options, layouts=layouts, framework=framework,
                         constants=constants, routing=routed, imbalance_by_ep=imbalance_by_ep, check=check)
     # Keep the layouts every validity rule accepts, checked by the cost model's own code.
-    probe = space.make_batch(np.arange(len(g)), np.zeros(len(g), dtype=np.int64))
-    broken = np.logical_or.reduce([r.broken for r in validity.check(spec, probe, devices, profile.has_fp8, profile.has_host_link)])
-    check()
-    ok = ~broken & stage_sets(spec, probe).valid
+    ok = np.concatenate([_valid_rows(space, np.arange(start, min(start + VALIDITY_CHUNK, len(g))))
+                         for start in range(0, len(g), VALIDITY_CHUNK)])
     if not allow_cross_domain_tp and "tp" not in fixed:
-        ok &= probe.tp <= int(profile.fact("scale_up_domain"))
+        ok &= parallel["tp"] <= int(profile.fact("scale_up_domain"))
     check()
     space.parallel = _with_algorithms(space, {k: v[ok] for k, v in parallel.items()})
     check()
@@ -103,6 +102,23 @@ def build_space(spec: ModelSpec, profile: ClusterProfile, devices: int, global_b
         raise _no_config_error(devices, global_batch_size, int(profile.fact("scale_up_domain")))
     space.check = None  # the build's own: a sampler's round is not stopped half-told
     return space
+
+
+# Grid rows checked per call of the validity rules: a batch of all of them (half a million rows and more)
+# would be a few hundred MB of fresh pages for the same operations.
+VALIDITY_CHUNK = 100_000
+
+
+def _valid_rows(space: SearchSpace, rows: np.ndarray) -> np.ndarray:
+    """Which of the layout rows ``rows`` (of ``space.parallel``, option 0) every validity rule and the
+    pipeline split accept."""
+    probe = space.make_batch(rows, np.zeros(len(rows), dtype=np.int64))
+    spec, profile = space.spec, space.profile
+    broken = np.logical_or.reduce([r.broken for r in validity.check(spec, probe, space.devices, profile.has_fp8,
+                                                                    profile.has_host_link)])
+    if space.check is not None:
+        space.check()
+    return ~broken & stage_sets(spec, probe).valid
 
 
 def check_pins(spec: ModelSpec, profile: ClusterProfile, devices: int, global_batch_size: int, *,

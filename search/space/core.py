@@ -110,14 +110,16 @@ class SearchSpace(Expressible, Columns):
 
     @property
     def size(self) -> int:
-        return int(self._option_mask().sum())
+        return int(np.count_nonzero(self._option_mask()))
 
     @property
     def plain_size(self) -> int:
         """Configs whose option offloads nothing or is its own counterpart (``offload_counterpart``): what
-        an exhaustive search scores at least (and at most that plus the offload plans it needs)."""
+        an exhaustive search scores at least (and at most that plus the offload plans it needs). Counted
+        per option column, not by copying those columns out of the mask."""
         base = np.asarray(self.offload_counterpart)
-        return int(self._option_mask()[:, base == np.arange(len(base))].sum())
+        per_option = np.count_nonzero(self._option_mask(), axis=0)
+        return int(per_option[base == np.arange(len(base))].sum())
 
     def batches(self, batch_size: int = 200_000,
                 mask: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, ConfigBatch]]:

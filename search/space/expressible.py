@@ -15,9 +15,15 @@ from .. import frameworks
 
 from .dimensions import CP_COMM_NAMES, SpaceError
 from .splits import _schedule_fields
+from .verdicts import Verdicts, shared
 
 if TYPE_CHECKING:
     from .core import SearchSpace
+
+
+# The option fields a probe states (``Expressible._option_values``), in this order.
+OPTION_FIELDS = ("recompute", "recompute_modules", "recompute_num_layers", "offload_modules", "distributed_optimizer",
+                 "tp_comm_overlap", "moe_a2a_overlap")
 
 
 class Expressible:
@@ -28,26 +34,38 @@ class Expressible:
         overlap on when tp > 1 and all-to-all overlap on when ep > 1 unless the framework cannot combine
         the overlap with the rest of the option (an off value is dominated only by an expressible on
         value, see the module docstring); a pinned overlap is taken as pinned."""
-        tp, ep = np.asarray(par["tp"]), np.asarray(par["ep"])
-        groups, inv = self._expressible_groups(par)
-        # The mask depends on a config only through its expressible row, tp > 1 and ep > 1: work out each
-        # distinct combination once and spread it (millions of configs, a few dozen combinations).
-        key, inv = unique_rows([inv, (tp > 1).astype(np.int64), (ep > 1).astype(np.int64)])
-        return self._allowed_rows(groups[key[:, 0]], key[:, 1] == 1, key[:, 2] == 1)[inv]
+        return unpack_options(self.allowed_bits(par), len(self.options))
 
-    def _allowed_rows(self, expr: np.ndarray, multi_tp: np.ndarray, multi_ep: np.ndarray) -> np.ndarray:
-        """``allowed`` for rows of expressible masks ``expr`` and whether tp > 1, ep > 1 on each row."""
+    def allowed_bits(self, par: dict[str, np.ndarray]) -> np.ndarray:
+        """``allowed`` with each config's options packed eight to a byte (``np.packbits`` along the options).
+
+        The expressible mask is the product of three parts, each a small table (distinct keys, options) and
+        each config's row in it (``_expressible_parts``): the option rules per (tp, ep, etp), which also
+        decide tp > 1 and ep > 1, the layout rules (one verdict per row) and the split rules. The overlap
+        rules only combine columns of those rows, so they are applied to the small tables, and each config's
+        mask is gathered from them, packed: a config costs a few bytes of gathers, not a pass per rule."""
+        n = len(par["tp"])
+        (opt, i_opt, tp, ep), rest = self._expressible_parts(par)
         tp_ov = np.array([o[2] for o in self.options])
         a2a = np.array([o[3] for o in self.options])
-        ok = expr.copy()
+        multi_tp, multi_ep = (tp > 1)[:, None], (ep > 1)[:, None]
+        head = opt.copy()
+        beaten = None
         if "tp_comm_overlap" not in self.fixed:
+            head &= ~tp_ov[None, :] | multi_tp
+            # an off value is dominated where its on partner is expressible: every part at the partner's
+            # column, with tp > 1
             on = self._partner(2)
-            beaten = (on >= 0)[None, :] & expr[:, np.maximum(on, 0)]
-            ok &= np.where(tp_ov[None, :], multi_tp[:, None], ~multi_tp[:, None] | ~beaten)
+            at = np.maximum(on, 0)
+            beaten = (opt[:, at] & (on >= 0)[None, :] & multi_tp, i_opt,
+                      [(table[:, at] if table.ndim == 2 else table, inv) for table, inv in rest])
         if "moe_a2a_overlap" not in self.fixed:
             # on only where there is a dispatch to hide; off is not dominated where it is on: the
             # overlap holds one more model chunk's activations (pipeline.a2a_overlap_extra_microbatches)
-            ok &= ~a2a[None, :] | multi_ep[:, None]
+            head &= ~a2a[None, :] | multi_ep
+        ok = _gather_and(head, i_opt, rest, n)
+        if beaten is not None:
+            ok &= ~_gather_and(*beaten, n)  # the padding bits stay 0: ok's are
         return ok
 
     def _partner(self, flag: int) -> np.ndarray:
@@ -62,25 +80,30 @@ class Expressible:
         and option with cp = 1 and flat dispatch (no option rule reads the algorithms), per distinct (tp,
         cp, ep, etp, dispatch, CP algorithm) with no recompute and no overlap; and the
         split rules per distinct split and option, and per etp and cp under DualPipeV (``split_refusals``
-        says no other rule reads the split or fires at pp = 1, and only DualPipeV's read etp and cp)."""
-        groups, inv = self._expressible_groups(par)
-        return groups[inv]
+        says no other rule reads the split or fires at pp = 1, and only DualPipeV's read etp and cp). Each
+        rule runs once per path through it (``Verdicts``), not once per question."""
+        (opt, i_opt, _, _), rest = self._expressible_parts(par)
+        return unpack_options(_gather_and(opt, i_opt, rest, len(par["tp"])), len(self.options))
 
-    def _expressible_groups(self, par: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """``expressible`` as its distinct rows (groups, options) and each config's row index."""
-        n = len(par["tp"])
-        if self.framework is None or n == 0:
-            return np.ones((1, len(self.options)), dtype=bool), np.zeros(n, dtype=np.intp)
+    def _expressible_parts(self, par: dict[str, np.ndarray]):
+        """The expressible mask's parts: ((option table, each config's row, each row's tp and ep), [(table,
+        each config's row)] of the layout part (one verdict per row) and the split part). Without a
+        framework the option table is all True and there are no other parts."""
         col = lambda *keys: [np.asarray(par[k]).astype(np.int64) for k in keys]  # noqa: E731
+        n = len(par["tp"])
+        if n == 0:
+            return (np.ones((0, len(self.options)), dtype=bool), np.zeros(0, dtype=np.intp), np.zeros(0, np.int64),
+                    np.zeros(0, np.int64)), []
+        if self.framework is None:
+            keys, inv = unique_rows(col("tp", "ep"))
+            return (np.ones((len(keys), len(self.options)), dtype=bool), inv, keys[:, 0], keys[:, 1]), []
         split_keys = ("pp", "vpp", "first_stage_layers", "last_stage_layers", "account_for_embedding",
                       "account_for_loss", "layout_id", "schedule", "etp", "cp")
-        parts = [self._rows(col("tp", "ep", "etp"), "options", self._options_row),
-                 self._rows(col("tp", "cp", "ep", "etp", "moe_a2a_hierarchical", "cp_comm"), "layout",
-                            self._layout_row),
-                 self._rows(self._split_key(col(*split_keys)), "split", self._split_row)]
-        key, inv = unique_rows([part_inv for _, part_inv in parts])
-        groups = parts[0][0][key[:, 0]] & parts[1][0][key[:, 1]] & parts[2][0][key[:, 2]]
-        return groups, inv
+        keys, opt, i_opt = self._rows(col("tp", "ep", "etp"), "options", self._options_row)
+        layout = self._rows(col("tp", "cp", "ep", "etp", "moe_a2a_hierarchical", "cp_comm"), "layout",
+                            self._layout_row)
+        split = self._rows(self._split_key(col(*split_keys)), "split", self._split_row)
+        return (opt, i_opt, keys[:, 0], keys[:, 1]), [layout[1:], split[1:]]
 
     @staticmethod
     def _split_key(cols: list[np.ndarray]) -> list[np.ndarray]:
@@ -91,8 +114,9 @@ class Expressible:
         plain = schedule == 0
         return [*rest, schedule, np.where(plain, 1, etp), np.where(plain, 1, cp)]
 
-    def _rows(self, keys: list[np.ndarray], kind: str, row_fn) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of ``row_fn`` per distinct key (remembered) and each config's row index."""
+    def _rows(self, keys: list[np.ndarray], kind: str, row_fn) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The distinct keys, the rows of ``row_fn`` per distinct key (remembered; a row is one verdict
+        per option, or one for all) and each config's row index."""
         uniq, inv = unique_rows(keys)
         cache = self._expressible_cache
         rows = []
@@ -101,17 +125,25 @@ class Expressible:
                 self.check()
             key = (kind, *map(int, u))
             if key not in cache:
-                cache[key] = np.broadcast_to(row_fn(*map(int, u)), (len(self.options),))
+                cache[key] = row_fn(*map(int, u))
             rows.append(cache[key])
-        return np.array(rows, dtype=bool), inv
+        return uniq, np.array(rows, dtype=bool), inv
 
-    def _option_fields(self, opt: int) -> dict:
-        rec, dist, tp_ov, a2a = self.options[opt]
-        return {"recompute_modules": None, "recompute_num_layers": None, "offload_modules": None, **rec.fields(),
-                "distributed_optimizer": bool(dist), "tp_comm_overlap": bool(tp_ov), "moe_a2a_overlap": bool(a2a)}
+    def _option_values(self) -> list[tuple]:
+        """Per option, its ``OPTION_FIELDS`` values (a list field as a tuple, None where unset)."""
+        if "option_values" not in self._expressible_cache:
+            out = []
+            for rec, dist, tp_ov, a2a in self.options:
+                fields = {"recompute_modules": None, "recompute_num_layers": None, "offload_modules": None,
+                          **rec.fields(), "distributed_optimizer": bool(dist), "tp_comm_overlap": bool(tp_ov),
+                          "moe_a2a_overlap": bool(a2a)}
+                out.append(tuple(tuple(v) if isinstance(v, list) else v for v in map(fields.get, OPTION_FIELDS)))
+            self._expressible_cache["option_values"] = out
+        return self._expressible_cache["option_values"]
 
-    def _probe(self, **fields) -> TrainingConfig:
-        """A representative config (no validation: every value comes from the space)."""
+    def _probe_fields(self) -> dict:
+        """The field values of the representative config the probes update (validated once): the search's
+        batch, precision and constants, pp = 1 and the rest at their defaults."""
         if "probe" not in self._expressible_cache:
             base = {"global_batch_size": self.global_batch_size, "precision": self.precision,
                     "overlap_grad_reduce": self.fixed.get("overlap_grad_reduce", True),
@@ -120,23 +152,33 @@ class Expressible:
                 base["sequence_parallel"] = self.fixed["sequence_parallel"]
             if self.constants.get("delay_wgrad_compute"):  # pinned with the overlap (_constants)
                 base["moe_a2a_overlap"] = True
-            self._expressible_cache["probe"] = TrainingConfig.model_validate(base)
-        return self._expressible_cache["probe"].model_copy(update=fields)
+            self._expressible_cache["probe"] = dict(TrainingConfig.model_validate(base))
+        return self._expressible_cache["probe"]
+
+    def _expressible_verdicts(self, kind: str, names: tuple[str, ...], **fields) -> Verdicts:
+        """The remembered ``Verdicts`` (named ``kind``) that a probe with ``fields`` set and ``names`` varied
+        is expressible, without the split's rules. The probes hold the base's split (pp = 1): one
+        ``pipeline_split`` serves them all."""
+        key = ("verdicts", kind)
+        if key not in self._expressible_cache:
+            base = {**self._probe_fields(), **fields}
+            spec, framework, domain = self.spec, self.framework, self._domain()
+            split = shared(lambda cfg: frameworks.pipeline_split(cfg, spec, framework), base, names)
+            rule = lambda cfg: not frameworks.refusals(cfg, spec, framework, domain, split_rules=False,  # noqa: E731
+                                                       split=split)
+            self._expressible_cache[key] = Verdicts(rule, base, names)
+        return self._expressible_cache[key]
 
     def _domain(self) -> int:
         return int(self.profile.fact("scale_up_domain"))
 
     def _options_row(self, tp: int, ep: int, etp: int) -> np.ndarray:
-        return np.array([not frameworks.refusals(self._probe(tp=tp, ep=ep, etp=etp, moe_a2a_algorithm="flat",
-                                                             **self._option_fields(o)),
-                                                 self.spec, self.framework, self._domain(), split_rules=False)
-                         for o in range(len(self.options))])
+        verdicts = self._expressible_verdicts("options", ("tp", "ep", "etp") + OPTION_FIELDS, moe_a2a_algorithm="flat")
+        return np.array([verdicts((tp, ep, etp) + o) for o in self._option_values()], dtype=bool)
 
     def _layout_row(self, tp: int, cp: int, ep: int, etp: int, hierarchical: int, cp_comm: int) -> bool:
-        cfg = self._probe(tp=tp, cp=cp, ep=ep, etp=etp, moe_a2a_algorithm="hierarchical" if hierarchical else "flat",
-                          cp_comm_type=CP_COMM_NAMES[cp_comm])
-        return not frameworks.refusals(cfg, self.spec, self.framework, self._domain(), split_rules=False)
-
+        verdicts = self._expressible_verdicts("layout", ("tp", "cp", "ep", "etp", "moe_a2a_algorithm", "cp_comm_type"))
+        return verdicts((tp, cp, ep, etp, "hierarchical" if hierarchical else "flat", CP_COMM_NAMES[cp_comm]))
 
     def _split_row(self, pp, vpp, first, last, acc_emb, acc_loss, layout_id, schedule, etp, cp) -> np.ndarray:
         # etp and cp: MindSpeed's DualPipeV needs cp 1, and etp 1 for its forward-backward overlap
@@ -149,18 +191,35 @@ class Expressible:
             split["last_stage_layers"] = last
         if layout_id != NO_VALUE:
             split["pipeline_layout"] = self.layouts[layout_id]
-        # split_refusals never reads offload_modules: options that differ only in it share one verdict,
-        # which halves the probes where the space offers offload plans
-        layout = frameworks.pipeline_split(self._probe(**split), self.spec, self.framework)  # the same for all
-        verdict = {o: not frameworks.split_refusals(self._probe(**split, **self._option_fields(o)), self.spec,
-                                                    self.framework, layout) for o in set(self.offload_counterpart)}
-        return np.array([verdict[o] for o in self.offload_counterpart])
+        base = {**self._probe_fields(), **split}
+        spec, framework = self.spec, self.framework
+        layout = shared(lambda cfg: frameworks.pipeline_split(cfg, spec, framework), base, OPTION_FIELDS)
+        verdicts = Verdicts(lambda cfg: not frameworks.split_refusals(cfg, spec, framework, layout), base,
+                            OPTION_FIELDS)
+        return np.array([verdicts(o) for o in self._option_values()], dtype=bool)
+
+
+def _gather_and(head: np.ndarray, i_head: np.ndarray, rest: list[tuple[np.ndarray, np.ndarray]], n: int) -> np.ndarray:
+    """(n, options / 8) packed: row ``i_head`` of ``head`` and of each (table, index) of ``rest`` (a 1-D
+    table: one value for the whole row), and-ed."""
+    out = np.packbits(head, axis=1)[i_head] if len(head) else np.zeros((n, (head.shape[1] + 7) // 8), np.uint8)
+    for table, inv in rest:
+        if table.ndim == 1:
+            out *= table[inv][:, None]
+        else:
+            out &= np.packbits(table, axis=1)[inv]
+    return out
+
+
+def unpack_options(bits: np.ndarray, options: int) -> np.ndarray:
+    """The (configs, options) bool mask of packed rows ``bits``."""
+    return np.unpackbits(bits, axis=1, count=options).view(bool)
 
 
 def _keep_expressible(space: SearchSpace) -> None:
     """Drop the layouts the framework can run with no option; none left is an input error naming why."""
-    mask = space._option_mask()
-    keep = mask.any(axis=1)
+    bits = space.allowed_bits(space.parallel)
+    keep = bits.any(axis=1)
     if not keep.any():
         row = {k: v[0].item() for k, v in space.parallel.items()}
         cfg = TrainingConfig.model_validate(space._row_config(row, 0))
@@ -170,4 +229,4 @@ def _keep_expressible(space: SearchSpace) -> None:
         raise SpaceError(field, f"{frameworks.LABELS[space.framework]} cannot express any config of this search"
                                 + (f" ({first})" if first is not None else ""))
     space.parallel = {k: v[keep] for k, v in space.parallel.items()}
-    space._mask_cache = (space.parallel, mask[keep])
+    space._mask_cache = (space.parallel, unpack_options(bits[keep], len(space.options)))
