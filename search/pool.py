@@ -122,3 +122,11 @@ def validate_jobs(jobs) -> int:
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"must be an integer of at least 1 (got {jobs!r})")
     return jobs
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the platform reports it, else the count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
