@@ -14,6 +14,14 @@ their wall and CPU seconds, configs scored and pruned, and whether the top-10 co
 and their ranks are equal (exit 1 if not):
 
     .venv/bin/python benchmarks/search.py --exactness
+
+``--jobs N`` compares the exhaustive engine on one process and on N (``run_exhaustive(..., jobs=N)``) on the
+same Pangu space, measured in the same run, alternating: the pruned scan (README command 1) and the plain
+full scan (``prune=False``, where scoring is nearly all the work); median wall seconds of ``--repeats``
+runs each, the speedup, and whether the N-process result equals the one-process result in full (exit 1 if
+not):
+
+    .venv/bin/python benchmarks/search.py --jobs 2 [--repeats 3] [--scans pruned,plain]
 """
 
 from __future__ import annotations
@@ -116,15 +124,62 @@ def exactness(top_k: int = 10) -> bool:
     return same
 
 
+def jobs_comparison(jobs: int, repeats: int, scans: list[str], top_k: int = 10) -> bool:
+    """The exhaustive engine on 1 and on ``jobs`` processes, on the Pangu space; prints a table of medians and
+    the speedup; True where every result on ``jobs`` processes equals the one-process result."""
+    import dataclasses
+
+    from search.exhaustive import run_exhaustive
+    from search.space import build_space
+
+    model, cluster, devices, gbs = CASES["pangu"]
+    space = build_space(model_presets.load(model), hardware_profiles.load(cluster), devices, gbs, framework="mindspeed")
+    table = Table(title=f"exhaustive engine on 1 and {jobs} processes, pangu ({space.size:,} configs, top {top_k}; "
+                        f"median of {repeats}, alternating; {os.cpu_count()} cores)")
+    for col in ("scan", "configs scored", "1 process s", f"{jobs} processes s", "speedup", "result"):
+        table.add_column(col, justify="left" if col == "scan" else "right")
+    all_same = True
+    for scan in scans:
+        walls: dict[int, list[float]] = {1: [], jobs: []}
+        results = {}
+        for _ in range(repeats):
+            for n in (1, jobs):
+                t0 = time.perf_counter()
+                results[n] = run_exhaustive(space, top_k, prune=scan == "pruned", jobs=n)
+                walls[n].append(time.perf_counter() - t0)
+        same = dataclasses.asdict(results[1]) == dataclasses.asdict(results[jobs])
+        all_same &= same
+        one, many = statistics.median(walls[1]), statistics.median(walls[jobs])
+        table.add_row("pruned (README command 1)" if scan == "pruned" else "plain full scan (prune=False)",
+                      f"{results[1].extra['configs_scored']:,}", f"{one:.2f}", f"{many:.2f}", f"{one / many:.2f}x",
+                      "equal" if same else "DIFFERENT")
+    console = Console(width=200)
+    console.print(table)
+    try:
+        import resource  # POSIX: the peak resident memory of this process and of the largest pool process
+        self_gib, child_gib = (resource.getrusage(who).ru_maxrss / 2**20
+                               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        console.print(f"peak resident memory: this process {self_gib:.2f} GiB (space, bounds, kept set), the largest "
+                      f"pool process {child_gib:.2f} GiB (its parts of the rows and their scoring)")
+    except ImportError:
+        pass
+    return all_same
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--exactness", action="store_true", help="check the pruned exhaustive scan on the Pangu space")
+    ap.add_argument("--jobs", type=int, default=None, help="compare the exhaustive engine on 1 and on N processes")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per process count (with --jobs)")
+    ap.add_argument("--scans", default="pruned,plain", help="which scans to compare (with --jobs)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=500, help="trials per sampler run")
     ap.add_argument("--cases", default="pangu,dsv3,llama")
     args = ap.parse_args()
     if args.exactness:
         sys.exit(0 if exactness() else 1)
+    if args.jobs is not None:
+        sys.exit(0 if jobs_comparison(args.jobs, args.repeats, args.scans.split(",")) else 1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     table = Table(title=f"search engines (median of {args.seeds} seeds, budget {args.budget} trials, one thread)")
     for col in ("case", "space size", "engine", "to reach 99 % of optimum", "wall time", "optimum tokens/s",

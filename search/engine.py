@@ -16,6 +16,7 @@ from costmodel import ClusterProfile, ModelSpec, TrainingConfig, evaluate_many
 from .exhaustive import ProgressFn, Ranked, run_exhaustive
 from .margin import DEFAULT_MEMORY_MARGIN_GIB, margin_fields
 from .objective import OBJECTIVES
+from .pool import Pool, pool
 from .samplers import SAMPLERS, run_sampler
 from .space import SearchSpace, build_space
 
@@ -98,6 +99,15 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None,
     (a job records them). Any of them may raise to stop the search (a cancelled job, a worker shutting
     down); ``check()`` also runs whenever progress is reported, so a search without a progress callback
     (one in a pool process) stops there too."""
+    if req.jobs > 1:
+        with pool(req.jobs) as procs:
+            procs.warm()  # the processes start while this one builds the space
+            return _run_search(req, progress, check, on_engine, procs)
+    return _run_search(req, progress, check, on_engine, None)
+
+
+def _run_search(req: SearchRequest, progress: ProgressFn | None, check: Callable[[], None] | None,
+                on_engine: Callable[[str, int], None] | None, procs: Pool | None) -> dict:
     started = time.perf_counter()
     if check is not None:
         check()
@@ -115,8 +125,8 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None,
     if on_engine is not None:
         on_engine(engine, size)
     if engine == "exhaustive":
-        ranked: Ranked = run_exhaustive(space, req.top_k, progress, margin_gib=req.memory_margin_gib, jobs=req.jobs,
-                                        check=check)
+        ranked: Ranked = run_exhaustive(space, req.top_k, progress, margin_gib=req.memory_margin_gib, check=check,
+                                        procs=procs)
     else:
         ranked = run_sampler(space, engine, req.n_trials, req.top_k, seed=req.seed, storage=req.storage,
                              study_name=req.study_name, progress=progress, timeout_s=req.timeout_s,

@@ -143,7 +143,7 @@ def _row_bounds(space: SearchSpace) -> np.ndarray:
 
 def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None = None,
                    batch_size: int = 200_000, margin_gib: float = 0.0, prune: bool = True, jobs: int = 1,
-                   check: Callable[[], None] | None = None) -> Ranked:
+                   check: Callable[[], None] | None = None, procs: Pool | None = None) -> Ranked:
     """Score the whole space; rank configs that keep ``margin_gib`` of headroom (GiB) first.
 
     Two passes: every config whose option offloads nothing (or is its own counterpart, where offload is
@@ -159,8 +159,10 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     ``jobs`` > 1: the row bounds and each group of rows are split into ``jobs`` parts scored by that many
     processes (``search.pool``), each part sent with its own rows of the space; the next group is chosen
     only once the whole group is merged, so the cut, the pruned rows and every count are the ones of
-    ``jobs == 1``. ``check()`` runs in this process while it waits for the parts and may raise to stop."""
-    with (pool(jobs) if jobs > 1 else nullcontext()) as procs:
+    ``jobs == 1``. ``check()`` runs in this process while it waits for the parts and may raise to stop.
+    ``procs``: a pool the caller started (``run_search`` starts it before building the space), used in
+    place of ``jobs``."""
+    with (nullcontext(procs) if procs is not None or jobs == 1 else pool(jobs)) as procs:
         total = space.size
         mask = space._option_mask()
         base = np.asarray(space.offload_counterpart, dtype=np.int64)

@@ -39,6 +39,10 @@ def _init(stop) -> None:
         os.environ.setdefault(var, "1")  # one core per process: N processes, N cores
 
 
+def _ready() -> None:
+    """A task that does nothing (``Pool.warm``)."""
+
+
 def worker_check() -> None:
     """The ``check`` a task passes to ``run_search`` inside a child: raises once the pool is told to stop."""
     if _stop is not None and _stop.is_set():
@@ -62,6 +66,12 @@ class Pool:
         self.stop = ctx.Event()
         self.executor = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init,
                                             initargs=(self.stop,))
+
+    def warm(self) -> None:
+        """Start the processes now (the forkserver's imports included) without waiting for them, so that they
+        start while the caller does other work (a search building its space)."""
+        for _ in range(self.jobs):
+            self.executor.submit(_ready)
 
     def submit(self, fn: Callable, *args) -> Future:
         return self.executor.submit(fn, *args)
