@@ -35,6 +35,7 @@ import hardware_profiles  # noqa: E402
 import model_presets  # noqa: E402
 from search import SearchRequest, run_search  # noqa: E402
 from search.capacity import PlanRequest, run_plan  # noqa: E402
+from proc_usage import cpu_s  # noqa: E402 - benchmarks/proc_usage.py
 
 
 def _without_times(plan: dict) -> dict:
@@ -45,21 +46,24 @@ def _without_times(plan: dict) -> dict:
 def jobs_comparison(spec, profile, jobs: int, repeats: int) -> bool:
     """The Pangu plan on 1 and on ``jobs`` processes; prints a table; True where the plans are equal."""
     walls: dict[int, list[float]] = {1: [], jobs: []}
+    cpus: dict[int, list[float]] = {1: [], jobs: []}
     plans = {}
     for _ in range(repeats):
         for n in (1, jobs):
+            c0 = cpu_s()
             plans[n] = run_plan(PlanRequest(spec=spec, profile=profile, tokens=19e12, devices_min=1024,
                                             devices_max=16384, devices_step=512, deadline_days=90,
                                             framework="mindspeed", jobs=n))
             walls[n].append(plans[n]["plan_time_s"])
+            cpus[n].append(cpu_s() - c0)
     same = _without_times(plans[1]) == _without_times(plans[jobs])
     one, many = statistics.median(walls[1]), statistics.median(walls[jobs])
     t = Table(title=f"capacity plan on 1 and {jobs} processes, Pangu Ultra MoE 718B × ascend-910b, 1,024–16,384 "
                     f"step 512 (median of {repeats}, alternating; {os.cpu_count()} cores)", title_justify="left")
-    for col in ("counts", "1 process s", f"{jobs} processes s", "speedup", "plan"):
+    for col in ("counts", "1 process s", f"{jobs} processes s", "speedup", f"CPU s, 1 / {jobs}", "plan"):
         t.add_column(col, justify="right")
     t.add_row(str(len(plans[1]["points"])), f"{one:.1f}", f"{many:.1f}", f"{one / many:.2f}x",
-              "equal" if same else "DIFFERENT")
+              f"{statistics.median(cpus[1]):.1f} / {statistics.median(cpus[jobs]):.1f}", "equal" if same else "DIFFERENT")
     Console().print(t)
     return same
 

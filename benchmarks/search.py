@@ -46,6 +46,7 @@ from rich.table import Table  # noqa: E402
 import hardware_profiles  # noqa: E402
 import model_presets  # noqa: E402
 from search import SearchRequest, run_search  # noqa: E402
+from proc_usage import cpu_s, pool_peak_gib  # noqa: E402 - benchmarks/proc_usage.py
 
 CASES = {
     "pangu": ("pangu-ultra-moe-718b", "ascend-910b", 6144, 7680),
@@ -129,40 +130,48 @@ def jobs_comparison(jobs: int, repeats: int, scans: list[str], top_k: int = 10) 
     the speedup; True where every result on ``jobs`` processes equals the one-process result."""
     import dataclasses
 
+    from contextlib import nullcontext
+
     from search.exhaustive import run_exhaustive
+    from search.pool import pool
     from search.space import build_space
 
     model, cluster, devices, gbs = CASES["pangu"]
     space = build_space(model_presets.load(model), hardware_profiles.load(cluster), devices, gbs, framework="mindspeed")
     table = Table(title=f"exhaustive engine on 1 and {jobs} processes, pangu ({space.size:,} configs, top {top_k}; "
                         f"median of {repeats}, alternating; {os.cpu_count()} cores)")
-    for col in ("scan", "configs scored", "1 process s", f"{jobs} processes s", "speedup", "result"):
+    for col in ("scan", "configs scored", "1 process s", f"{jobs} processes s", "speedup", f"CPU s, 1 / {jobs}",
+                "result"):
         table.add_column(col, justify="left" if col == "scan" else "right")
     all_same = True
+    peak_gib = 0.0
     for scan in scans:
         walls: dict[int, list[float]] = {1: [], jobs: []}
+        cpus: dict[int, list[float]] = {1: [], jobs: []}
         results = {}
         for _ in range(repeats):
             for n in (1, jobs):
-                t0 = time.perf_counter()
-                results[n] = run_exhaustive(space, top_k, prune=scan == "pruned", jobs=n)
-                walls[n].append(time.perf_counter() - t0)
+                t0, c0 = time.perf_counter(), cpu_s()
+                with (pool(n) if n > 1 else nullcontext()) as procs:  # as run_exhaustive(jobs=n) makes it
+                    results[n] = run_exhaustive(space, top_k, prune=scan == "pruned", procs=procs)
+                    if procs is not None:
+                        peak_gib = max(peak_gib, pool_peak_gib())
+                walls[n].append(time.perf_counter() - t0)  # the pool's start and its shutdown included
+                cpus[n].append(cpu_s() - c0)
         same = dataclasses.asdict(results[1]) == dataclasses.asdict(results[jobs])
         all_same &= same
         one, many = statistics.median(walls[1]), statistics.median(walls[jobs])
         table.add_row("pruned (README command 1)" if scan == "pruned" else "plain full scan (prune=False)",
                       f"{results[1].extra['configs_scored']:,}", f"{one:.2f}", f"{many:.2f}", f"{one / many:.2f}x",
+                      f"{statistics.median(cpus[1]):.1f} / {statistics.median(cpus[jobs]):.1f}",
                       "equal" if same else "DIFFERENT")
     console = Console(width=200)
     console.print(table)
-    try:
-        import resource  # POSIX: the peak resident memory of this process and of the largest pool process
-        self_gib, child_gib = (resource.getrusage(who).ru_maxrss / 2**20
-                               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-        console.print(f"peak resident memory: this process {self_gib:.2f} GiB (space, bounds, kept set), the largest "
-                      f"pool process {child_gib:.2f} GiB (its parts of the rows and their scoring)")
-    except ImportError:
-        pass
+    import resource
+
+    console.print(f"peak resident memory: this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} "
+                  f"GiB (the space, the one-process runs), the largest pool process {peak_gib:.2f} GiB (its parts of "
+                  "the rows and their scoring)")
     return all_same
 
 
