@@ -45,6 +45,9 @@ def _without_times(plan: dict) -> dict:
 
 def jobs_comparison(spec, profile, jobs: int, repeats: int) -> bool:
     """The Pangu plan on 1 and on ``jobs`` processes; prints a table; True where the plans are equal."""
+    from costmodel.runtime import tune_allocator
+
+    tune_allocator()  # as the paraplan entry point and each pool process do
     walls: dict[int, list[float]] = {1: [], jobs: []}
     cpus: dict[int, list[float]] = {1: [], jobs: []}
     plans = {}

@@ -132,9 +132,12 @@ def jobs_comparison(jobs: int, repeats: int, scans: list[str], top_k: int = 10) 
 
     from contextlib import nullcontext
 
+    from costmodel.runtime import tune_allocator
     from search.exhaustive import run_exhaustive
     from search.pool import pool
     from search.space import build_space
+
+    tune_allocator()  # as the paraplan entry point and each pool process do
 
     model, cluster, devices, gbs = CASES["pangu"]
     space = build_space(model_presets.load(model), hardware_profiles.load(cluster), devices, gbs, framework="mindspeed")

@@ -99,7 +99,7 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None,
     (a job records them). Any of them may raise to stop the search (a cancelled job, a worker shutting
     down); ``check()`` also runs whenever progress is reported, so a search without a progress callback
     (one in a pool process) stops there too."""
-    if req.jobs > 1:
+    if req.jobs > 1 and req.sampler in ("auto", "exhaustive"):  # the samplers run in this process
         with pool(req.jobs) as procs:
             procs.warm()  # the processes start while this one builds the space
             return _run_search(req, progress, check, on_engine, procs)

@@ -168,7 +168,7 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
         base = np.asarray(space.offload_counterpart, dtype=np.int64)
         plain = base == np.arange(len(base))
         run = _Run(space, top_k, margin_gib, progress, total, procs, check)
-        bounds = (_row_bounds(space) if procs is None else run.parallel_bounds()) if prune else None
+        bounds = (_row_bounds(space) if procs is None else run.parallel_bounds(batch_size)) if prune else None
         first = mask & plain[None, :]
         keeps = np.zeros(mask.shape, dtype=bool)  # (row, option) scored, fits and keeps the margin
         run.score(first, batch_size, bounds, keeps)
@@ -285,11 +285,12 @@ class _Run:
         self.feasible, self.done, self.skipped, self.pruned, self.index_base = 0, 0, 0, 0, 0
         self.min_peak, self.min_at = np.inf, None
 
-    def parallel_bounds(self) -> np.ndarray:
-        """``_row_bounds`` of the space, its rows split among the pool's processes (each row's bound is its own:
-        the same numbers as in one process)."""
+    def parallel_bounds(self, batch_size: int) -> np.ndarray:
+        """``_row_bounds`` of the space, its rows split among the pool's processes in parts of at most about
+        ``batch_size`` rows (each row's bound is its own: the same numbers as in one process; a process's
+        memory stays that of one part however large the space)."""
         n = len(self.space.parallel["tp"])
-        parts = _parts(np.arange(n), np.ones(n, dtype=np.int64), self.procs.jobs)
+        parts = _parts(np.arange(n), np.ones(n, dtype=np.int64), max(self.procs.jobs, -(-n // batch_size)))
         futures = [self.procs.submit(_bounds_part, part_of(self.space, part)) for part in parts]
         return np.concatenate([self.procs.result(f, self.check) for f in futures])
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 POLL_S = 0.2  # how often the parent runs the caller's check while it waits for a result
-PRELOAD = ["numpy", "costmodel", "search.exhaustive", "search.engine"]  # what the forkserver imports once
+PRELOAD = ["numpy", "costmodel", "search.engine", "search.capacity", "search.rl"]  # what the forkserver imports once
 
 _stop = None  # the child's stop event (set by ``_init``)
 
@@ -33,10 +33,13 @@ class Stopped(RuntimeError):
 
 
 def _init(stop) -> None:
+    """A pool process's start: the stop event, and the allocator tuned as the ``paraplan`` entry point tunes
+    it (large numpy temporaries reused, not faulted in afresh for every batch)."""
+    from costmodel.runtime import tune_allocator
+
     global _stop
     _stop = stop
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, "1")  # one core per process: N processes, N cores
+    tune_allocator()
 
 
 def _ready() -> None:
