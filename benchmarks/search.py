@@ -28,6 +28,14 @@ with this one, and adds its figures and the ratios run by run (this / other), so
 on a shared machine whose speed drifts:
 
     .venv/bin/python benchmarks/search.py --readme [--runs 5] [--against ../main]
+
+``--jobs N`` compares the exhaustive engine on one process and on N (``run_exhaustive(..., jobs=N)``) on the
+same Pangu space, measured in the same run, alternating: the pruned scan (README command 1) and the plain
+full scan (``prune=False``, where scoring is nearly all the work); median wall seconds of ``--repeats``
+runs each, the speedup, and whether the N-process result equals the one-process result in full (exit 1 if
+not):
+
+    .venv/bin/python benchmarks/search.py --jobs 2 [--repeats 3] [--scans pruned,plain]
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ import hardware_profiles  # noqa: E402
 import model_presets  # noqa: E402
 from search import SearchRequest, run_search  # noqa: E402
 from search.margin import DEFAULT_MEMORY_MARGIN_GIB  # noqa: E402
+from proc_usage import cpu_s, pool_peak_gib  # noqa: E402 - benchmarks/proc_usage.py
 
 CASES = {
     "pangu": ("pangu-ultra-moe-718b", "ascend-910b", 6144, 7680),
@@ -195,6 +204,57 @@ def readme(runs: int, against: Path | None) -> bool:
     Console(width=200).print(f"command: {' '.join(command)}")
     Console(width=200).print(table)
     return med([w for w, _ in times["this checkout"]]) <= README_TARGET_S
+def jobs_comparison(jobs: int, repeats: int, scans: list[str], top_k: int = 10) -> bool:
+    """The exhaustive engine on 1 and on ``jobs`` processes, on the Pangu space; prints a table of medians and
+    the speedup; True where every result on ``jobs`` processes equals the one-process result."""
+    import dataclasses
+
+    from contextlib import nullcontext
+
+    from costmodel.runtime import tune_allocator
+    from search.exhaustive import run_exhaustive
+    from search.pool import pool
+    from search.space import build_space
+
+    tune_allocator()  # as the paraplan entry point and each pool process do
+
+    model, cluster, devices, gbs = CASES["pangu"]
+    space = build_space(model_presets.load(model), hardware_profiles.load(cluster), devices, gbs, framework="mindspeed")
+    table = Table(title=f"exhaustive engine on 1 and {jobs} processes, pangu ({space.size:,} configs, top {top_k}; "
+                        f"median of {repeats}, alternating; {os.cpu_count()} cores)")
+    for col in ("scan", "configs scored", "1 process s", f"{jobs} processes s", "speedup", f"CPU s, 1 / {jobs}",
+                "result"):
+        table.add_column(col, justify="left" if col == "scan" else "right")
+    all_same = True
+    peak_gib = 0.0
+    for scan in scans:
+        walls: dict[int, list[float]] = {1: [], jobs: []}
+        cpus: dict[int, list[float]] = {1: [], jobs: []}
+        results = {}
+        for _ in range(repeats):
+            for n in (1, jobs):
+                t0, c0 = time.perf_counter(), cpu_s()
+                with (pool(n) if n > 1 else nullcontext()) as procs:  # as run_exhaustive(jobs=n) makes it
+                    results[n] = run_exhaustive(space, top_k, prune=scan == "pruned", procs=procs)
+                    if procs is not None:
+                        peak_gib = max(peak_gib, pool_peak_gib())
+                walls[n].append(time.perf_counter() - t0)  # the pool's start and its shutdown included
+                cpus[n].append(cpu_s() - c0)
+        same = dataclasses.asdict(results[1]) == dataclasses.asdict(results[jobs])
+        all_same &= same
+        one, many = statistics.median(walls[1]), statistics.median(walls[jobs])
+        table.add_row("pruned (README command 1)" if scan == "pruned" else "plain full scan (prune=False)",
+                      f"{results[1].extra['configs_scored']:,}", f"{one:.2f}", f"{many:.2f}", f"{one / many:.2f}x",
+                      f"{statistics.median(cpus[1]):.1f} / {statistics.median(cpus[jobs]):.1f}",
+                      "equal" if same else "DIFFERENT")
+    console = Console(width=200)
+    console.print(table)
+    import resource
+
+    console.print(f"peak resident memory: this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} "
+                  f"GiB (the space, the one-process runs), the largest pool process {peak_gib:.2f} GiB (its parts of "
+                  "the rows and their scoring)")
+    return all_same
 
 
 def main() -> None:
@@ -205,6 +265,9 @@ def main() -> None:
     ap.add_argument("--readme", action="store_true", help="time README command 1 as a whole process (5 s target)")
     ap.add_argument("--runs", type=int, default=5, help="--readme: counted runs (after one warm-up)")
     ap.add_argument("--against", type=Path, help="--readme: another checkout to time in turn with this one")
+    ap.add_argument("--jobs", type=int, default=None, help="compare the exhaustive engine on 1 and on N processes")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per process count (with --jobs)")
+    ap.add_argument("--scans", default="pruned,plain", help="which scans to compare (with --jobs)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=500, help="trials per sampler run")
     ap.add_argument("--cases", default="pangu,dsv3,llama")
@@ -213,6 +276,8 @@ def main() -> None:
         sys.exit(0 if exactness(margin_gib=args.margin_gib) else 1)
     if args.readme:
         sys.exit(0 if readme(args.runs, args.against.resolve() if args.against else None) else 1)
+    if args.jobs is not None:
+        sys.exit(0 if jobs_comparison(args.jobs, args.repeats, args.scans.split(",")) else 1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     table = Table(title=f"search engines (median of {args.seeds} seeds, budget {args.budget} trials, one thread)")
     for col in ("case", "space size", "engine", "to reach 99 % of optimum", "wall time", "optimum tokens/s",

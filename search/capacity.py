@@ -23,6 +23,7 @@ from costmodel.resilience import ResilienceOptions
 
 from .engine import SearchRequest, run_search
 from .margin import DEFAULT_MEMORY_MARGIN_GIB
+from .pool import map_ordered, worker_check
 from .space import SpaceError, validate_fixed
 
 SECONDS_PER_DAY = 86_400
@@ -146,6 +147,7 @@ class PlanRequest:
     fixed: dict | None = None  # the caller's pins (--fix), merged over planning_fixed(spec)
     # checkpoints, hot spares and storage (costmodel/resilience.py); the defaults when None
     resilience: ResilienceOptions | None = None
+    jobs: int = 1  # processes that search the counts at once (search.pool); the plan is the same
 
     def resolved(self) -> "PlanRequest":
         """The request with every default filled in and checked (``PlanError`` naming the field)."""
@@ -267,20 +269,32 @@ def plan_point(req: PlanRequest, devices: int, check: Callable[[], None] | None 
     return point
 
 
+def _pooled_point(args: tuple[PlanRequest, int]) -> dict:
+    """``plan_point`` in a pool process (``search.pool``), stopping when the pool is told to."""
+    req, devices = args
+    return plan_point(req, devices, worker_check)
+
+
 def run_plan(req: PlanRequest, progress: ProgressFn | None = None, check: Callable[[], None] | None = None) -> dict:
     """The plan: one point per device count (``plan_point``), the Pareto front and the chosen count.
-    ``progress(done, total)`` counts device counts; ``check()`` may raise to stop (a cancelled job)."""
+    ``progress(done, total)`` counts device counts; ``check()`` may raise to stop (a cancelled job).
+    ``req.jobs`` > 1: the counts are searched by that many processes at once (each count one search in one
+    process), the points kept in the order of the counts; ``check()`` runs here between results."""
     started = time.perf_counter()
     req = req.resolved()
     node = int(req.profile.fact("devices_per_node"))
     counts = device_counts(req.devices_min, req.devices_max, req.devices_step, node)
-    points = []
-    for i, devices in enumerate(counts):
-        if check is not None:
-            check()
-        points.append(plan_point(req, devices, check))
-        if progress is not None:
-            progress(i + 1, len(counts))
+    if req.jobs > 1:
+        points = map_ordered(req.jobs, _pooled_point, [(req, n) for n in counts], check,
+                             None if progress is None else lambda done: progress(done, len(counts)))
+    else:
+        points = []
+        for i, devices in enumerate(counts):
+            if check is not None:
+                check()
+            points.append(plan_point(req, devices, check))
+            if progress is not None:
+                progress(i + 1, len(counts))
     effective = effective_view(points)
     front = pareto_devices(effective)
     for p in points:

@@ -16,6 +16,7 @@ from costmodel import ClusterProfile, ModelSpec, TrainingConfig, evaluate_many
 from .exhaustive import ProgressFn, Ranked, run_exhaustive
 from .margin import DEFAULT_MEMORY_MARGIN_GIB, margin_fields
 from .objective import OBJECTIVES
+from .pool import Pool, pool
 from .space import SearchSpace, build_space
 
 # The Optuna samplers (search/samplers.py, imported when one runs: Optuna and its storage layer take longer
@@ -57,6 +58,7 @@ class SearchRequest:
     framework: str | None = None  # search.frameworks: offer only what it can express (None: all the model has)
     objective: str = "throughput"  # search.objective: "goodput" ranks by throughput with failures priced
     resilience: object = None  # costmodel.resilience.ResilienceOptions for the goodput block (None: defaults)
+    jobs: int = 1  # processes the exhaustive engine scores with (search.pool); the samplers use one
 
 
 def _evaluations(req: SearchRequest, configs: list[dict]) -> list[dict]:
@@ -81,6 +83,15 @@ def _entries(req: SearchRequest, ranked: Ranked) -> tuple[list[dict], list[dict]
     return top, layouts
 
 
+def _checked(progress: ProgressFn | None, check: Callable[[], None]) -> ProgressFn:
+    """``progress`` (or nothing) preceded by ``check()``."""
+    def report(done: int, total: int) -> None:
+        check()
+        if progress is not None:
+            progress(done, total)
+    return report
+
+
 def run_search(req: SearchRequest, progress: ProgressFn | None = None,
                check: Callable[[], None] | None = None,
                on_engine: Callable[[str, int], None] | None = None) -> dict:
@@ -88,10 +99,21 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None,
     ``check()`` before and while the space is built (seconds on a big space, before any progress);
     ``on_engine(engine, space_size)`` once the space is built and ``auto`` resolved, before any scoring
     (a job records them). Any of them may raise to stop the search (a cancelled job, a worker shutting
-    down)."""
+    down); ``check()`` also runs whenever progress is reported, so a search without a progress callback
+    (one in a pool process) stops there too."""
+    if req.jobs > 1 and req.sampler in ("auto", "exhaustive"):  # the samplers run in this process
+        with pool(req.jobs) as procs:
+            procs.warm()  # the processes start while this one builds the space
+            return _run_search(req, progress, check, on_engine, procs)
+    return _run_search(req, progress, check, on_engine, None)
+
+
+def _run_search(req: SearchRequest, progress: ProgressFn | None, check: Callable[[], None] | None,
+                on_engine: Callable[[str, int], None] | None, procs: Pool | None) -> dict:
     started = time.perf_counter()
     if check is not None:
         check()
+        progress = _checked(progress, check)
     space = build_space(req.spec, req.profile, req.devices, req.global_batch_size, precision=req.precision,
                         moe_load_imbalance=req.moe_load_imbalance, fixed=req.fixed,
                         allow_cross_domain_tp=req.allow_cross_domain_tp, framework=req.framework, check=check)
@@ -105,7 +127,8 @@ def run_search(req: SearchRequest, progress: ProgressFn | None = None,
     if on_engine is not None:
         on_engine(engine, size)
     if engine == "exhaustive":
-        ranked: Ranked = run_exhaustive(space, req.top_k, progress, margin_gib=req.memory_margin_gib)
+        ranked: Ranked = run_exhaustive(space, req.top_k, progress, margin_gib=req.memory_margin_gib, check=check,
+                                        procs=procs)
     else:
         from .samplers import run_sampler
 

@@ -16,6 +16,7 @@ result equals a plain full scan's.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
@@ -27,6 +28,7 @@ from costmodel.hardware import Hardware
 from costmodel.pipeline import unique_rows
 
 from .objective import ranking_tokens_per_s
+from .pool import Pool, pool
 from .space import SearchSpace
 
 ProgressFn = Callable[[int, int], None]  # (configs scored so far, total)
@@ -149,7 +151,8 @@ def _chunk_bounds(space: SearchSpace, rows: np.ndarray) -> np.ndarray:
 
 
 def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None = None,
-                   batch_size: int = 200_000, margin_gib: float = 0.0, prune: bool = True) -> Ranked:
+                   batch_size: int = 200_000, margin_gib: float = 0.0, prune: bool = True, jobs: int = 1,
+                   check: Callable[[], None] | None = None, procs: Pool | None = None) -> Ranked:
     """Score the whole space; rank configs that keep ``margin_gib`` of headroom (GiB) first.
 
     Two passes: every config whose option offloads nothing (or is its own counterpart, where offload is
@@ -160,24 +163,123 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     the rows that cannot reach the cut by their bound (``_row_bounds``; False: the plain full scan).
     ``trials`` counts every config of the space (scored or so decided); ``feasible_trials`` and each
     layout's ``variants`` the feasible configs scored; ``extra`` the configs scored, pruned (bound below the cut)
-    and dominated (offload plans decided by their counterpart), which add up to ``trials``."""
-    total = space.size
-    mask = space._option_mask()
-    base = np.asarray(space.offload_counterpart, dtype=np.int64)
-    plain = base == np.arange(len(base))
-    run = _Run(space, top_k, margin_gib, progress, total)
-    bounds = _row_bounds(space, batch_size) if prune else None
-    first = mask & plain[None, :]
-    keep_rows, keep_opts = [], []  # the (row, option) pairs scored that fit and keep the margin
-    for rows, opts, br, ok, room in run.score(first, batch_size, bounds):
-        keep_rows.append(rows[ok[room >= margin_gib]])
-        keep_opts.append(opts[ok[room >= margin_gib]])
-    second = _offload_pass(mask, base, np.concatenate(keep_rows or [[]]).astype(np.int64),
-                           np.concatenate(keep_opts or [[]]).astype(np.int64))
-    run.skipped = int(np.count_nonzero(mask)) - int(np.count_nonzero(first)) - int(np.count_nonzero(second))
-    for _ in run.score(second, batch_size, bounds):
-        pass
-    return run.ranked()
+    and dominated (offload plans decided by their counterpart), which add up to ``trials``.
+
+    ``jobs`` > 1: the row bounds and each group of rows are split into ``jobs`` parts scored by that many
+    processes (``search.pool``), each part sent with its own rows of the space; the next group is chosen
+    only once the whole group is merged, so the cut, the pruned rows and every count are the ones of
+    ``jobs == 1``. ``check()`` runs in this process while it waits for the parts and may raise to stop.
+    ``procs``: a pool the caller started (``run_search`` starts it before building the space), used in
+    place of ``jobs``."""
+    with (nullcontext(procs) if procs is not None or jobs == 1 else pool(jobs)) as procs:
+        total = space.size
+        mask = space._option_mask()
+        base = np.asarray(space.offload_counterpart, dtype=np.int64)
+        plain = base == np.arange(len(base))
+        run = _Run(space, top_k, margin_gib, progress, total, procs, check)
+        bounds = (_row_bounds(space, batch_size) if procs is None else run.parallel_bounds(batch_size)) if prune else None
+        first = mask & plain[None, :]
+        keeps: list[tuple[np.ndarray, np.ndarray]] = []  # the (rows, options) scored that fit and keep the margin
+        run.score(first, batch_size, bounds, keeps)
+        second = _offload_pass(mask, base, np.concatenate([r for r, _ in keeps] or [[]]).astype(np.int64),
+                               np.concatenate([o for _, o in keeps] or [[]]).astype(np.int64))
+        run.skipped = int(np.count_nonzero(mask)) - int(np.count_nonzero(first)) - int(np.count_nonzero(second))
+        run.score(second, batch_size, bounds)
+        return run.ranked()
+
+
+@dataclass
+class _Part:
+    """Some layout rows of a space, as a pool process gets them (``part_of``)."""
+
+    space: SearchSpace  # the space with only those rows, its integer columns narrowed
+    dtypes: dict[str, str]  # each column's own type
+
+    def widened(self) -> SearchSpace:
+        self.space.parallel = {k: v.astype(self.dtypes[k], copy=False) for k, v in self.space.parallel.items()}
+        return self.space
+
+
+def part_of(space: SearchSpace, rows: np.ndarray) -> _Part:
+    """``space`` with only the layout rows ``rows`` (in that order): what a process needs to score or bound
+    them, however large the space (its caches left to be rebuilt there). Each integer column travels in
+    the narrowest integer type that holds its values (a layout's sizes are small numbers: 8 bytes become
+    1 or 2) and is widened back there, so a part of the Pangu space pickles to a fraction of its size."""
+    parallel = {}
+    for k, v in space.parallel.items():
+        col = v[rows]
+        if col.dtype.kind in "iu" and len(col):
+            col = col.astype(np.result_type(np.min_scalar_type(int(col.min())), np.min_scalar_type(int(col.max()))))
+        parallel[k] = col
+    return _Part(replace(space, parallel=parallel, _layouts_cache=None, _expressible_cache={}, _mask_cache=None,
+                         check=None), {k: v.dtype.str for k, v in space.parallel.items()})
+
+
+def _bounds_part(part: _Part) -> np.ndarray:
+    """``_row_bounds`` of a part of the space, in a pool process."""
+    return _row_bounds(part.widened())
+
+
+def _score_part(part: _Part, *args) -> "_Chunk":
+    """``_score_rows`` of a part of the space, in a pool process (row numbers: positions in the part)."""
+    space = part.widened()
+    return _score_rows(space, np.arange(len(space.parallel["tp"])), *args)
+
+
+def _parts(rows: np.ndarray, counts: np.ndarray, n: int) -> list[np.ndarray]:
+    """``rows`` cut into at most ``n`` runs of consecutive rows with about equal pairs (``counts`` per row)."""
+    cum = np.cumsum(counts)
+    edges = np.searchsorted(cum, cum[-1] * np.arange(1, n) / n, side="left") + 1
+    return [part for part in np.split(rows, np.unique(np.clip(edges, 1, len(rows)))) if len(part)]
+
+
+@dataclass
+class _Chunk:
+    """What scoring one chunk of layout rows gives (row numbers are those of the space it was scored on)."""
+
+    kept: _Kept
+    feasible: int  # feasible configs scored
+    variants: np.ndarray  # feasible configs scored, per layout code
+    scored: int
+    min_peak: float  # the smallest peak (bytes) of a structurally valid config, and its (row, option)
+    min_at: tuple[int, int] | None
+    keeps: tuple[np.ndarray, np.ndarray]  # (rows, options) that fit and keep the margin
+
+    def on_rows(self, rows: np.ndarray) -> "_Chunk":
+        """The same with local row numbers (positions in ``rows``) turned into ``rows``' values."""
+        self.kept = replace(self.kept, rows=rows[self.kept.rows])
+        self.keeps = (rows[self.keeps[0]], self.keeps[1])
+        if self.min_at is not None:
+            self.min_at = (int(rows[self.min_at[0]]), self.min_at[1])
+        return self
+
+
+def _score_rows(space: SearchSpace, rows: np.ndarray, sub: np.ndarray, starts: np.ndarray, layout_of: np.ndarray,
+                layouts: int, top_k: int, margin_gib: float) -> _Chunk:
+    """Score the pairs of ``sub`` (a mask over ``rows`` × options; ``starts``: each row's first pair's position
+    in the enumeration, ``layout_of``: each row's layout code of ``layouts``), keeping the best ``top_k``
+    layouts' worth (``_Kept.merge``)."""
+    at, opts = np.nonzero(sub)  # row-major: each layout with its allowed options
+    r = rows[at]
+    index = starts[at] + np.cumsum(sub, axis=1)[at, opts] - 1
+    batch = space.make_batch(r, opts)
+    br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
+    min_peak, min_at = np.inf, None
+    if br.valid.any():
+        peaks = np.where(br.valid, br.peak_bytes, np.inf)
+        j = int(np.argmin(peaks))
+        min_peak, min_at = float(peaks[j]), (int(r[j]), int(opts[j]))
+    ok = np.nonzero(br.feasible)[0]
+    room = (br.capacity_bytes - br.peak_bytes[ok]) / GIB  # as the result's memory.headroom_gib
+    lay = layout_of[at[ok]]
+    kept = _Kept.empty()
+    if len(ok):
+        kept = kept.merge(_Kept(room < margin_gib, ranking_tokens_per_s(space, br, batch)[ok],
+                                batch.offload_modules[ok] != 0, br.peak_bytes[ok], index[ok], r[ok], opts[ok], lay),
+                          top_k)
+    good = ok[room >= margin_gib]
+    return _Chunk(kept, int(br.feasible.sum()), np.bincount(lay, minlength=layouts), len(r), min_peak, min_at,
+                  (r[good], opts[good]))
 
 
 def _offload_pass(mask: np.ndarray, base: np.ndarray, keep_rows: np.ndarray, keep_opts: np.ndarray) -> np.ndarray:
@@ -196,13 +298,24 @@ def _offload_pass(mask: np.ndarray, base: np.ndarray, keep_rows: np.ndarray, kee
 class _Run:
     """One exhaustive pass over chosen (row, option) pairs: the kept best, the counts, the progress."""
 
-    def __init__(self, space: SearchSpace, top_k: int, margin_gib: float, progress: ProgressFn | None, total: int):
+    def __init__(self, space: SearchSpace, top_k: int, margin_gib: float, progress: ProgressFn | None, total: int,
+                 procs: Pool | None = None, check: Callable[[], None] | None = None):
         self.space, self.top_k, self.margin_gib, self.progress, self.total = space, top_k, margin_gib, progress, total
+        self.procs, self.check = procs, check
         self.shapes, self.layout_of_row = _layout_codes(space)
         self.variants = np.zeros(len(self.shapes), dtype=np.int64)
         self.kept = _Kept.empty()
         self.feasible, self.done, self.skipped, self.pruned, self.index_base = 0, 0, 0, 0, 0
         self.min_peak, self.min_at = np.inf, None
+
+    def parallel_bounds(self, batch_size: int) -> np.ndarray:
+        """``_row_bounds`` of the space, its rows split among the pool's processes in parts of at most about
+        ``batch_size`` rows (each row's bound is its own: the same numbers as in one process; a process's
+        memory stays that of one part however large the space)."""
+        n = len(self.space.parallel["tp"])
+        parts = _parts(np.arange(n), np.ones(n, dtype=np.int64), max(self.procs.jobs, -(-n // batch_size)))
+        futures = [self.procs.submit(_bounds_part, part_of(self.space, part)) for part in parts]
+        return np.concatenate([self.procs.result(f, self.check) for f in futures])
 
     def cut_tokens(self) -> float | None:
         """Tokens/s of the best config of the K-th best layout so far, where configs below it cannot enter
@@ -241,39 +354,41 @@ class _Run:
             if len(group):
                 yield np.sort(group)
 
-    def score(self, mask: np.ndarray, batch_size: int, bounds: np.ndarray | None = None):
-        """Score the pairs of ``mask`` in chunks (those ``bounds`` cannot rule out), keeping the best; yields
-        each chunk's (rows, options, result, feasible positions, their headroom in GiB). A config's
-        position in the enumeration (row-major over the passes) breaks ties, whatever the order of scoring."""
-        space = self.space
+    def score(self, mask: np.ndarray, batch_size: int, bounds: np.ndarray | None = None,
+              keeps: list | None = None) -> None:
+        """Score the pairs of ``mask`` in chunks (those ``bounds`` cannot rule out), keeping the best; adds to
+        ``keeps`` each chunk's (rows, options) that fit and keep the margin. A config's position in the enumeration (row-major
+        over the passes) breaks ties, whatever the order of scoring."""
         counts = mask.sum(axis=1)
         starts = np.cumsum(counts) - counts + self.index_base  # each row's first pair's position
         self.index_base += int(counts.sum())
         for group in self._row_groups(counts, bounds, batch_size):
-            sub = mask[group]
-            at, opts = np.nonzero(sub)  # row-major: each layout with its allowed options
-            rows = group[at]
-            index = starts[rows] + np.cumsum(sub, axis=1)[at, opts] - 1
-            batch = space.make_batch(rows, opts)
-            br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
-            self.feasible += int(br.feasible.sum())
-            if br.valid.any():
-                peaks = np.where(br.valid, br.peak_bytes, np.inf)
-                j = int(np.argmin(peaks))
-                if peaks[j] < self.min_peak:
-                    self.min_peak, self.min_at = float(peaks[j]), (int(rows[j]), int(opts[j]))
-            ok = np.nonzero(br.feasible)[0]
-            room = (br.capacity_bytes - br.peak_bytes[ok]) / GIB  # as the result's memory.headroom_gib
-            if len(ok):
-                lay = self.layout_of_row[rows[ok]]
-                self.variants += np.bincount(lay, minlength=len(self.shapes))
-                self.kept = self.kept.merge(_Kept(room < self.margin_gib, ranking_tokens_per_s(space, br, batch)[ok],
-                                                  batch.offload_modules[ok] != 0, br.peak_bytes[ok], index[ok],
-                                                  rows[ok], opts[ok], lay), self.top_k)
-            self.done += len(rows)
-            if self.progress:
-                self.progress(self.done + self.skipped + self.pruned, self.total)
-            yield rows, opts, br, ok, room
+            for chunk in self._score_group(group, mask, starts):
+                self._absorb(chunk, keeps)
+
+    def _score_group(self, group: np.ndarray, mask: np.ndarray, starts: np.ndarray) -> list[_Chunk]:
+        """The group's chunks scored, in row order: in this process, or split among the pool's processes
+        (each part sent with its rows of the space) and all of them awaited."""
+        args = (len(self.shapes), self.top_k, self.margin_gib)
+        if self.procs is None:
+            return [_score_rows(self.space, group, mask[group], starts[group], self.layout_of_row[group], *args)]
+        parts = _parts(group, mask[group].sum(axis=1), self.procs.jobs)
+        futures = [self.procs.submit(_score_part, part_of(self.space, part), mask[part], starts[part],
+                                     self.layout_of_row[part], *args) for part in parts]
+        return [self.procs.result(f, self.check).on_rows(part) for part, f in zip(parts, futures)]
+
+    def _absorb(self, chunk: _Chunk, keeps: list | None) -> None:
+        """Add one scored chunk to the kept set and the counts, and report progress."""
+        self.feasible += chunk.feasible
+        self.variants += chunk.variants
+        if chunk.min_peak < self.min_peak:
+            self.min_peak, self.min_at = chunk.min_peak, chunk.min_at
+        self.kept = self.kept.merge(chunk.kept, self.top_k)
+        if keeps is not None:
+            keeps.append(chunk.keeps)
+        self.done += chunk.scored
+        if self.progress:
+            self.progress(self.done + self.skipped + self.pruned, self.total)
 
     def ranked(self) -> Ranked:
         space, kept, k = self.space, self.kept, self.top_k

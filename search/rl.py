@@ -15,6 +15,7 @@ counts training searches.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,6 +27,7 @@ from costmodel.hardware import Hardware
 from .engine import SearchRequest, run_search
 from .frameworks import default_framework
 from .margin import DEFAULT_MEMORY_MARGIN_GIB
+from .pool import Pool, pool, worker_check
 from .space import SpaceError
 
 MODES = ("colocated", "disaggregated")
@@ -48,6 +50,7 @@ class RLRequest:
     memory_margin_gib: float = DEFAULT_MEMORY_MARGIN_GIB
     fixed: dict = field(default_factory=dict)
     seed: int = 0  # every training search's sampler seed (spaces too big to enumerate): same request, same plan
+    jobs: int = 1  # processes for the training searches (search.pool); the plan is the same
 
     @property
     def training_spec(self) -> ModelSpec:
@@ -176,19 +179,57 @@ def split_lower_bound_s(req: RLRequest, hw: Hardware, rollout_devices: int) -> f
     return float(np.min(step))
 
 
+def _pooled_split(args: tuple[RLRequest, int]) -> dict | None:
+    """``best_split_plan`` in a pool process (``search.pool``), stopping when the pool is told to."""
+    req, rollout_devices = args
+    return best_split_plan(req, Hardware.from_profile(req.profile), rollout_devices, worker_check)
+
+
+def _pooled_colocated(req: RLRequest) -> dict | None:
+    """``best_colocated`` in a pool process."""
+    return best_colocated(req, worker_check)
+
+
+class _Ahead:
+    """The splits a pool searches ahead of the in-order sweep: up to one per process, in the sweep's order,
+    only splits the sweep may still reach (their bound below the best step so far); the sweep takes each
+    split's plan from here, so it decides exactly as one process would, and what it never asks for is
+    dropped when the pool closes."""
+
+    def __init__(self, procs: Pool, req: RLRequest, order: list[int], bounds: dict[int, float]):
+        self.procs, self.req, self.order, self.bounds = procs, req, order, bounds
+        self.futures: dict = {}
+        self.next = 0
+
+    def plan(self, at: int, best: dict | None, check: CheckFn | None) -> dict | None:
+        """The plan of split ``order[at]``, with the splits after it started while processes are free."""
+        while self.next < min(len(self.order), at + self.procs.jobs):
+            r = self.order[self.next]
+            if not np.isfinite(self.bounds[r]) or (best is not None and self.bounds[r] >= best["step_time_s"]):
+                break  # the sweep stops here or before: the bounds only grow along it
+            self.futures[r] = self.procs.submit(_pooled_split, (self.req, r))
+            self.next += 1
+        return self.procs.result(self.futures.pop(self.order[at]), check)
+
+
 def best_disaggregated(req: RLRequest, progress: ProgressFn | None = None, done: int = 0,
-                       total: int | None = None, check: CheckFn | None = None) -> tuple[dict | None, list[dict]]:
+                       total: int | None = None, check: CheckFn | None = None,
+                       procs: Pool | None = None) -> tuple[dict | None, list[dict]]:
     """The best disaggregated plan, searching splits in the order of their lower bounds and stopping
-    where the bound reaches the best step found. Returns the plan and one row per split."""
+    where the bound reaches the best step found. Returns the plan and one row per split. With ``procs``
+    (a ``search.pool.Pool``) the next splits are searched ahead on its processes (``_Ahead``): the same
+    plan and rows."""
     hw = Hardware.from_profile(req.profile)
     bounds = {r: split_lower_bound_s(req, hw, r) for r in splits(req, hw)}
     rows = {r: {"rollout_devices": r, "train_devices": req.devices - r, "lower_bound_s": b, "searched": False,
                 "step_time_s": None} for r, b in bounds.items()}
     best = None
-    for r in sorted(bounds, key=bounds.get):
+    order = sorted(bounds, key=bounds.get)
+    ahead = None if procs is None else _Ahead(procs, req, order, bounds)
+    for at, r in enumerate(order):
         if not np.isfinite(bounds[r]) or (best is not None and bounds[r] >= best["step_time_s"]):
             break
-        plan = best_split_plan(req, hw, r, check)
+        plan = best_split_plan(req, hw, r, check) if ahead is None else ahead.plan(at, best, check)
         rows[r]["searched"] = True
         rows[r]["step_time_s"] = None if plan is None else plan["step_time_s"]
         done += 1
@@ -211,20 +252,33 @@ def run_rl_search(req: RLRequest, progress: ProgressFn | None = None, check: Che
     """Search the requested modes. Returns ``{"colocated": plan | None, "disaggregated": plan | None,
     "best": the faster of the two | None, "splits": [per-split row], "training_searches": int,
     "search_time_s": float}``; a plan is ``costmodel.rl.plan_dict``'s shape. ``check()`` runs inside every
-    training search and may raise to stop."""
+    training search and may raise to stop. ``req.jobs`` > 1: the co-located search and the splits run on
+    that many processes (``search.pool``), the splits searched ahead of the sweep; the same result."""
+    with (pool(req.jobs) if req.jobs > 1 else nullcontext()) as procs:
+        return _run_rl_search(req, progress, check, procs)
+
+
+def _run_rl_search(req: RLRequest, progress: ProgressFn | None, check: CheckFn | None, procs: Pool | None) -> dict:
     started = time.perf_counter()
     hw = Hardware.from_profile(req.profile)
     total = int("colocated" in req.modes) + (len(splits(req, hw)) if "disaggregated" in req.modes else 0)
     out: dict = {"colocated": None, "disaggregated": None, "splits": []}
     done = 0
-    if "colocated" in req.modes:
+    # with a pool, the co-located search runs on one process while the splits take the others
+    colocated = None if procs is None or "colocated" not in req.modes else procs.submit(_pooled_colocated, req)
+    if "colocated" in req.modes and colocated is None:
         out["colocated"] = best_colocated(req, check)
         done += 1
         if progress is not None:
             progress(done, total)
     if "disaggregated" in req.modes:
-        out["disaggregated"], out["splits"] = best_disaggregated(req, progress, done, total, check)
+        out["disaggregated"], out["splits"] = best_disaggregated(req, progress, done, total, check, procs)
         done += sum(row["searched"] for row in out["splits"])
+    if colocated is not None:
+        out["colocated"] = procs.result(colocated, check)
+        done += 1
+        if progress is not None:
+            progress(done, total)
     if progress is not None:
         progress(total, total)
     plans = [p for p in (out["colocated"], out["disaggregated"]) if p is not None]

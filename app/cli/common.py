@@ -65,3 +65,29 @@ def unused_option(names: tuple[str, ...], why: str) -> InputError | None:
             param = next(p for p in ctx.command.params if p.name == name)
             return InputError(max(param.opts, key=len), f"has no effect {why}")
     return None
+
+
+JOBS_HELP = ("Processes to search with (an integer ≥ 1; default 1, in this process): the exhaustive engine scores "
+             "parts of the space, the planners run their searches side by side, with the same result as one process. "
+             "More than the machine's cores is allowed (with a note): the processes then share them "
+             "(docs/concepts/parallel.md).")
+
+
+def jobs_option(f):
+    """``--jobs N``: the processes a search or a planner uses (``search.pool``)."""
+    return click.option("--jobs", type=int, default=1, show_default=True, metavar="N", help=JOBS_HELP)(f)
+
+
+def check_jobs(jobs: int) -> int:
+    """``--jobs`` checked: an integer ≥ 1 (else the input error naming ``--jobs``); above the cores this
+    process may run on, a note on stderr (allowed: a container may see fewer cores than it is given)."""
+    from search.pool import usable_cores, validate_jobs
+
+    try:
+        validate_jobs(jobs)
+    except ValueError as exc:
+        raise InputError("--jobs", str(exc)) from None
+    if jobs > (cores := usable_cores()):
+        err.print(f"note: --jobs {jobs} is more than the {cores} cores this process may use: the processes will "
+                  "share them", highlight=False)
+    return jobs

@@ -16,6 +16,7 @@ from search import ENGINES, SearchRequest, SpaceError, run_search, validate_fixe
 from search.engine import AUTO_EXHAUSTIVE_MAX, DEFAULT_TOP_K, DEFAULT_TRIALS
 from search.frameworks import FRAMEWORKS, default_framework
 from search.margin import DEFAULT_MEMORY_MARGIN_GIB, margin_problem
+from search.samplers import SAMPLERS
 
 from app.formats.bounds import flag_problems
 from app.formats.describe import config_brief, layout_brief, margin_mark, variant_brief
@@ -25,7 +26,8 @@ from app.formats.results import check_finite
 from app.formats.results import evaluate as evaluate_config
 from app.formats.validation import cross_validated, cv_folds, factors_at_bound, read_runs, score_runs
 
-from .common import EXIT_NO_FIT, err, fail, given, out, parse_fix, print_json, unused_option
+from .common import (EXIT_NO_FIT, check_jobs, err, fail, given, jobs_option, out, parse_fix, print_json,
+                     unused_option)
 from .console import drop_stdout, longest_word, wrappable
 from .resilience_flags import resilience_flags, resilience_from_flags
 
@@ -320,10 +322,11 @@ def _best_warnings(result: dict) -> None:
               help="Training framework planned for: only configs it can express are searched (default: mindspeed "
                    "for Ascend profiles, megatron otherwise; docs/search.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the contract's JSON result.")
+@jobs_option
 @resilience_flags(with_objective=True)
 def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, seed, fix, precision,
            moe_load_imbalance, seq_length, allow_cross_domain_tp, storage, study_name, timeout_s, memory_margin_gib,
-           framework, as_json, objective, **resilience) -> None:
+           framework, as_json, jobs, objective, **resilience) -> None:
     """Find the configs with the highest predicted throughput that fit in memory."""
     try:
         # app/formats/bounds.py: the same bounds as the API's and the files'
@@ -338,6 +341,9 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
         if storage is None and (exc := unused_option(("study_name",), "without --storage (it names a stored "
                                                                        "study)")) is not None:
             raise exc
+        if sampler in SAMPLERS and (exc := unused_option(("jobs",), JOBS_WHY)) is not None:
+            raise exc
+        check_jobs(jobs)
         spec = load_model(model, seq_length)
         profile = load_cluster(cluster)
         if (problem := margin_problem(memory_margin_gib, profile.fact("memory_gib"))) is not None:
@@ -351,7 +357,7 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
                             allow_cross_domain_tp=allow_cross_domain_tp, storage=storage,
                             study_name=study_name, timeout_s=timeout_s, memory_margin_gib=memory_margin_gib,
                             framework=framework or default_framework(profile.name), objective=objective,
-                            resilience=resilience_from_flags(resilience))
+                            resilience=resilience_from_flags(resilience), jobs=jobs)
         result = _run_with_progress(req)
     except SpaceError as exc:
         fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
@@ -361,6 +367,9 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
                        "devices": devices, "global_batch_size": global_batch_size, "precision": precision,
                        "moe_load_imbalance": moe_load_imbalance, "memory_margin_gib": memory_margin_gib,
                        "framework": req.framework}, **result}
+    if result["engine"] != "exhaustive" and given("jobs"):
+        err.print(f"note: --jobs not used: sampler auto chose {result['engine']} for the "
+                  f"{result['space_size']:,} configs (a sampler scores one trial at a time)", highlight=False)
     if result["engine"] == "exhaustive" and (unused := [f"--{n.removesuffix('_s').replace('_', '-')}"
                                                         for n in SAMPLER_ONLY if given(n)]):
         err.print(f"note: {', '.join(unused)} not used: sampler auto scored the whole space "
@@ -386,6 +395,7 @@ def search(model, cluster, devices, global_batch_size, trials, sampler, top_k, s
 # The search options only a sampler reads: the exhaustive engine scores the whole space, once, in order.
 SAMPLER_ONLY = ("trials", "seed", "timeout_s", "storage", "study_name")
 EXHAUSTIVE_WHY = "with --sampler exhaustive (it scores the whole space; the samplers read it)"
+JOBS_WHY = f"with --sampler {'/'.join(SAMPLERS)} (a sampler scores one trial at a time; --jobs is the exhaustive engine's)"
 
 
 def _quiet_optuna(engine: str, size: int) -> None:

@@ -305,15 +305,17 @@ class Worker:
         started = time.perf_counter()
         try:
             if job.search.get("kind") == "plan":
-                log.info("job %s: planning %s device counts", job_id, progress["total"])
-                result = plan_job_result(job, progress=on_progress, check=check)
+                log.info("job %s: planning %s device counts (%d processes)", job_id, progress["total"],
+                         self.settings.worker_jobs)
+                result = plan_job_result(job, progress=on_progress, check=check, jobs=self.settings.worker_jobs)
             elif job.search.get("kind") == "rl":
-                log.info("job %s: planning an RL step (up to %s training searches)", job_id, progress["total"])
-                result = rl_job_result(job, progress=on_progress, check=check)
+                log.info("job %s: planning an RL step (up to %s training searches, %d processes)", job_id,
+                         progress["total"], self.settings.worker_jobs)
+                result = rl_job_result(job, progress=on_progress, check=check, jobs=self.settings.worker_jobs)
             else:
                 req = self._request(job)
-                log.info("job %s: running %s (%s trials, claim %d)", job_id, job.search["engine"], progress["total"],
-                         job.attempts)
+                log.info("job %s: running %s (%s trials, claim %d, exhaustive on %d processes)", job_id,
+                         job.search["engine"], progress["total"], job.attempts, self.settings.worker_jobs)
 
                 def on_engine(engine: str, size: int) -> None:
                     progress["total"] = size if engine == "exhaustive" else req.n_trials
@@ -388,7 +390,7 @@ class Worker:
             precision=job.precision, moe_load_imbalance=job.moe_load_imbalance,
             allow_cross_domain_tp=s.get("allow_cross_domain_tp", False), storage=storage, study_name=name,
             timeout_s=s.get("timeout_s"), worker=self.owner, framework=s.get("framework"), **_margin_option(s),
-            objective=s.get("objective", "throughput"), resilience=resilience_option(s))
+            objective=s.get("objective", "throughput"), resilience=resilience_option(s), jobs=self.settings.worker_jobs)
 
     def _drop_lease(self, job_id: str) -> None:
         with contextlib.suppress(SQLAlchemyError), self._sessions() as db:
@@ -454,23 +456,27 @@ def stored_result(result: dict) -> tuple[dict, dict]:
     return {k: v for k, v in result.items() if k not in ("best", "top", "history", "layouts")}, result
 
 
-def rl_job_result(job: Job, progress=None, check=None) -> dict:
-    """An rl job's result, as ``paraplan rl --json`` prints it (progress counts training searches)."""
+def rl_job_result(job: Job, progress=None, check=None, jobs: int = 1) -> dict:
+    """An rl job's result, as ``paraplan rl --json`` prints it (progress counts training searches), its
+    training searches on ``jobs`` processes (the worker's ``worker_jobs``)."""
     from app.formats.rl import rl_result
     from app.service.services.jobs import rl_request
 
     spec = ModelSpec.model_validate(job.model_spec)
     req = rl_request(job.search["rl"], job.devices, spec, ClusterProfile.model_validate(job.cluster_profile))
+    req.jobs = jobs
     return rl_result(req, spec.name or "model", progress, check)
 
 
-def plan_job_result(job: Job, progress=None, check=None) -> dict:
-    """A plan job's plan, as ``paraplan plan --json`` prints it (progress counts device counts)."""
+def plan_job_result(job: Job, progress=None, check=None, jobs: int = 1) -> dict:
+    """A plan job's plan, as ``paraplan plan --json`` prints it (progress counts device counts), its counts
+    searched on ``jobs`` processes (the worker's ``worker_jobs``)."""
     from app.formats.plan import plan_result
     from app.service.services.jobs import plan_request
 
     req = plan_request(job.search["plan"], ModelSpec.model_validate(job.model_spec),
                        ClusterProfile.model_validate(job.cluster_profile))
+    req.jobs = jobs
     return plan_result(req, progress=progress, check=check)
 
 

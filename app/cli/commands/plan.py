@@ -24,7 +24,7 @@ from app.formats.bounds import flag_problems
 from app.formats.inputs import InputError, load_cluster, load_model
 from app.formats.plan import parse_tokens, plan_result, tokens_text
 
-from ..common import parse_fix
+from ..common import check_jobs, jobs_option, parse_fix
 from ..console import stdout_console
 from ..resilience_flags import resilience_flags, resilience_from_flags
 
@@ -104,10 +104,11 @@ def _run(req: PlanRequest) -> dict:
               help="Pin a config field at every count (repeatable), over the planning pins (docs/guides/capacity.md"
                    "): e.g. --fix tp=1, or --fix 'offload_modules=[\"core_attn\"]' to plan with offload.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@jobs_option
 @resilience_flags()
 def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadline_days, price_per_device_hour,
          global_batch_tokens, precision, moe_load_imbalance, seq_length, memory_margin_gib, framework, fix,
-         as_json, **resilience) -> None:
+         as_json, jobs, **resilience) -> None:
     """Plan capacity: the best config per device count, days, device-hours, cost and the Pareto front."""
     try:
         for name, problem in flag_problems(devices=devices_min, seq_length=seq_length,
@@ -117,6 +118,7 @@ def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadlin
             raise InputError("devices_max", problem)
         if (problem := margin_problem(memory_margin_gib)) is not None:
             raise InputError("memory_margin_gib", problem)
+        check_jobs(jobs)
         tokens_n = parse_tokens(tokens)
         batch = None if global_batch_tokens is None else parse_tokens(global_batch_tokens, "global_batch_tokens")
         spec = load_model(model, seq_length)
@@ -126,7 +128,7 @@ def plan(model, cluster, tokens, devices_min, devices_max, devices_step, deadlin
                           price_per_device_hour=price_per_device_hour, global_batch_tokens=batch, precision=precision,
                           moe_load_imbalance=moe_load_imbalance, memory_margin_gib=memory_margin_gib,
                           framework=framework or default_framework(profile.name), fixed=parse_fix(fix),
-                          resilience=resilience_from_flags(resilience))
+                          resilience=resilience_from_flags(resilience), jobs=jobs)
         req.resolved()  # every input checked before the first search
         result = _run(req)
     except InputError as exc:

@@ -15,7 +15,7 @@ from app.formats.describe import count_text
 from app.formats.inputs import InputError, check_devices, load_cluster, load_model
 from app.formats.rl import DEFAULTS, rl_result, workload
 
-from ..common import EXIT_NO_FIT, err, fail, out, parse_fix, print_json
+from ..common import EXIT_NO_FIT, check_jobs, err, fail, jobs_option, out, parse_fix, print_json
 
 
 
@@ -41,13 +41,15 @@ from ..common import EXIT_NO_FIT, err, fail, out, parse_fix, print_json
 @click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True,
               help="Seed of the training searches' sampler (spaces too big to enumerate).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@jobs_option
 def rl(model, cluster, devices, algorithm, prompts_per_step, responses_per_prompt, prompt_length, response_length,
-       max_response_length, reference, critic, stale_sync, fix, seed, as_json) -> None:
+       max_response_length, reference, critic, stale_sync, fix, seed, as_json, jobs) -> None:
     """Plan RL post-training: rollout + training, co-located (RL Fusion) or on two pools."""
     try:
         for name, problem in flag_problems(devices=devices):
             raise InputError(name, problem)
         check_devices(devices)
+        check_jobs(jobs)
         wl = workload(algorithm, prompts_per_step, responses_per_prompt, prompt_length, response_length,
                       reference, critic, stale_sync, max_response_length)
         spec = load_model(model)
@@ -57,7 +59,8 @@ def rl(model, cluster, devices, algorithm, prompts_per_step, responses_per_promp
         fail(exc)
     except SpaceError as exc:
         fail(InputError(exc.field, str(exc).split(": ", 1)[1]))
-    result = _run(RLRequest(spec=spec, profile=profile, devices=devices, workload=wl, fixed=fixed, seed=seed), model)
+    req = RLRequest(spec=spec, profile=profile, devices=devices, workload=wl, fixed=fixed, seed=seed, jobs=jobs)
+    result = _run(req, model)
     if as_json:
         print_json(result)
     else:

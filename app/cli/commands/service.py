@@ -21,13 +21,14 @@ LOG_FORMATS = click.Choice(["json", "text"])
 def _settings():
     from pydantic import ValidationError
 
-    from app.service.core.config import get_settings
+    from app.service.core.config import Settings, get_settings
 
     try:
         return get_settings()
     except ValidationError as exc:
         err = exc.errors()[0]
-        click.echo(f"error: setting {'.'.join(map(str, err['loc']))}: {err['msg']}", err=True)
+        name = '.'.join(map(str, err['loc']))
+        click.echo(f"error: setting {name} ({Settings.variable(name)}): {err['msg']}", err=True)
         sys.exit(2)
 
 

@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1, description="Losses of a job's workers after which it fails (leases found run out "
                                                    "in one look count once: a database outage is one loss).")
     embedded_worker: bool = Field(True, description="`paraplan serve` runs a worker thread beside the API.")
+    worker_jobs: int = Field(1, ge=1, le=1024, description="Processes a worker runs an exhaustive search, a plan "
+                                                            "or an RL job on (`--jobs` of the CLI; "
+                                                            "docs/concepts/parallel.md); 1: in the worker itself.")
 
     # Fair shares across API keys (app/service/fair_share.py).
     max_workers_per_key: int = Field(0, ge=0, description="Workers one API key's jobs hold at once (0: no cap).")
@@ -94,6 +97,12 @@ class Settings(BaseSettings):
     fair_yield_s: float = Field(3.0, gt=0, le=3600, description="A queued job of another key that has waited this "
                                                                 "long takes a worker from a key holding at least "
                                                                 "two more (the worker leaves a shared job).")
+
+    @staticmethod
+    def variable(field: str) -> str:
+        """The environment variable a setting is read from (``worker_jobs`` -> ``PARAPLAN_WORKER_JOBS``)."""
+        alias = Settings.model_fields[field].validation_alias if field in Settings.model_fields else None
+        return alias.choices[0] if isinstance(alias, AliasChoices) else f"PARAPLAN_{field.upper()}"
 
     @property
     def pool_size(self) -> int:
