@@ -13,10 +13,9 @@ from rich.table import Table
 
 from costmodel.runtime import tune_allocator
 from search import ENGINES, SearchRequest, SpaceError, run_search, validate_fixed
-from search.engine import AUTO_EXHAUSTIVE_MAX, DEFAULT_TOP_K, DEFAULT_TRIALS
+from search.engine import AUTO_EXHAUSTIVE_MAX, DEFAULT_TOP_K, DEFAULT_TRIALS, SAMPLERS
 from search.frameworks import FRAMEWORKS, default_framework
 from search.margin import DEFAULT_MEMORY_MARGIN_GIB, margin_problem
-from search.samplers import SAMPLERS
 
 from app.formats.bounds import flag_problems
 from app.formats.describe import config_brief, layout_brief, margin_mark, variant_brief
