@@ -33,6 +33,9 @@ GIB = 2**30
 # What makes two configs the same parallel layout: the rest (vpp, pipeline split, micro-batch, recompute,
 # overlaps) are variants of it.
 LAYOUT_FIELDS = ("tp", "pp", "cp", "ep", "etp")
+# With bounds, the first group of rows scored holds this fraction of a chunk's pairs (then groups double):
+# the rows with the highest bounds, whose best config sets the cut that prunes the rest.
+FIRST_GROUP_FRACTION = 64
 
 
 @dataclass
@@ -191,28 +194,35 @@ class _Run:
         return float(kept.tokens[-1])
 
     def _row_groups(self, counts: np.ndarray, bounds: np.ndarray | None, batch_size: int):
-        """The layout rows to score (those with pairs to score, ``counts``), in groups of about ``batch_size``
-        pairs, each group in row order: without bounds all of them; with them, first the rows with the
-        highest bounds, then the others, each group without the rows whose bound is below the cut known by
-        then (their pairs counted as pruned)."""
+        """The layout rows to score (those with pairs to score, ``counts``), in groups of at most about
+        ``batch_size`` pairs, each group in row order. Without bounds: all of them, in row order. With them:
+        in the order of their bounds, highest first, in groups that start at ``FIRST_GROUP_FRACTION`` of
+        ``batch_size`` and double, so that the cut is known after a few small groups; each group without
+        the rows whose bound is below the cut known by then (their pairs counted as pruned), and once the
+        highest bound left is below it, every row left is pruned."""
         rows = np.flatnonzero(counts)
-        if bounds is not None and counts.sum() > batch_size:
-            order = rows[np.argsort(-bounds[rows], kind="stable")]
-            best = np.sort(order[:int(np.searchsorted(np.cumsum(counts[order]), batch_size)) + 1])
-            yield best
-            rows = np.setdiff1d(rows, best, assume_unique=True)
-        if len(rows) == 0:
+        if bounds is None:
+            if len(rows) == 0:
+                return
+            cum = np.cumsum(counts[rows])
+            edges = np.searchsorted(cum, np.arange(batch_size, int(cum[-1]), batch_size), side="right")
+            yield from (g for g in np.split(rows, np.unique(edges)) if len(g))
             return
-        cum = np.cumsum(counts[rows])
-        edges = np.searchsorted(cum, np.arange(batch_size, int(cum[-1]), batch_size), side="right")
-        for group in np.split(rows, np.unique(edges)):
-            cut = None if bounds is None else self.cut_tokens()
+        order = rows[np.argsort(-bounds[rows], kind="stable")]
+        size, at = max(1, batch_size // FIRST_GROUP_FRACTION), 0
+        while at < len(order):
+            cut = self.cut_tokens()
+            if cut is not None and bounds[order[at]] < cut:  # every bound left is at most this one
+                self.pruned += int(counts[order[at:]].sum())
+                return
+            end = at + int(np.searchsorted(np.cumsum(counts[order[at:]]), size)) + 1
+            group = order[at:end]
             if cut is not None:
                 live = bounds[group] >= cut
                 self.pruned += int(counts[group[~live]].sum())
                 group = group[live]
-            if len(group):
-                yield group
+            at, size = end, min(2 * size, batch_size)
+            yield np.sort(group)
 
     def score(self, mask: np.ndarray, batch_size: int, bounds: np.ndarray | None = None):
         """Score the pairs of ``mask`` in chunks (those ``bounds`` cannot rule out), keeping the best; yields
