@@ -9,8 +9,10 @@ Most of a large space cannot reach that cut, and the engine decides it without s
 layout row (its layout, split and micro-batch) scored with the options that make a step shortest (no
 recompute, no offload, every overlap on) bounds the throughput of all its options from above
 (``_row_bounds``); once the kept configs hold K layouts, rows whose bound is below the cut are counted as
-pruned. The rows with the highest bounds are scored first, so the cut is known early. Scoring the rest in
-any order gives the same kept set (``_Kept.merge``), so the result equals a plain full scan's.
+pruned. The rows with the highest bounds are scored first, in small groups, so the cut is known early.
+The same scoring gives each row a lower bound on its memory peak (its model states): a row whose states
+alone overflow the device has no option that fits, and is pruned too. Scoring the rest in any order gives
+the same kept set (``_Kept.merge``), so the result equals a plain full scan's.
 """
 
 from __future__ import annotations
@@ -126,6 +128,16 @@ def _row_bounds(space: SearchSpace) -> np.ndarray:
     bubble ((pp - 1)/vpp of it) are at least the bound row's, and the data-parallel and optimizer terms
     are >= 0. The bound step is those parts (less one part in 10^9 for the order of the float sums) plus
     the stragglers' wait on it; a DualPipe row's bubble is taken as 0."""
+    return _row_bound_pair(space)[0]
+
+
+def _row_bound_pair(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
+    """``_row_bounds`` and, from the same scoring, a lower bound on the memory peak (bytes) of every
+    option of each row (0 where unknown): the weights, gradients and optimizer states of the bound
+    config's peak stage and the framework's overhead. A stage's peak is at least its states plus the
+    overhead, and no option changes the states (recompute, offload and the overlaps change activations
+    and buffers only) where every option has the same ``distributed_optimizer``; a row whose bound is
+    above the device memory has no option that fits."""
     n = len(space.parallel["tp"])
     rows = np.arange(n)
     b = space.make_batch(rows, np.zeros(n, dtype=np.int64))
@@ -139,7 +151,10 @@ def _row_bounds(space: SearchSpace) -> np.ndarray:
     dp = np.maximum(space.devices // (b.tp * b.pp * b.cp), 1)
     step = replica + stragglers.straggler_s(replica, dp, Hardware.from_profile(space.profile).straggler_cv)
     bound = space.global_batch_size * space.spec.seq_length / step
-    return np.where(np.isfinite(bound) & (step > 0), bound, np.inf)
+    states = (br.params_bytes + br.grads_bytes + br.optimizer_bytes + br.overhead_bytes) * (1.0 - 1e-9)
+    same_states = len({o[1] for o in space.options}) == 1
+    peak = np.where(br.valid & np.isfinite(states), states, 0.0) if same_states else np.zeros(n)
+    return np.where(np.isfinite(bound) & (step > 0), bound, np.inf), peak
 
 
 def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None = None,
@@ -153,14 +168,19 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     the samplers decide it (``scored_groups``), so both engines rank the same configs. ``prune``: decide
     the rows that cannot reach the cut by their bound (``_row_bounds``; False: the plain full scan).
     ``trials`` counts every config of the space (scored or so decided); ``feasible_trials`` and each
-    layout's ``variants`` the feasible configs scored; ``extra`` the configs scored, pruned (bound below the cut)
-    and dominated (offload plans decided by their counterpart), which add up to ``trials``."""
+    layout's ``variants`` the feasible configs scored; ``extra`` the configs scored, pruned (throughput
+    bound below the cut, or memory bound above the device's memory: ``_row_bound_pair``) and dominated
+    (offload plans decided by their counterpart), which add up to ``trials``. Where nothing fits, the
+    smallest peak is the plain scan's (``_Run.settle_smallest_peak``)."""
     total = space.size
     mask = space._option_mask()
     base = np.asarray(space.offload_counterpart, dtype=np.int64)
     plain = base == np.arange(len(base))
     run = _Run(space, top_k, margin_gib, progress, total)
-    bounds = _row_bounds(space) if prune else None
+    bounds = None
+    if prune:
+        bounds, peak_lower = _row_bound_pair(space)
+        run.unfit = peak_lower > Hardware.from_profile(space.profile).memory_bytes
     first = mask & plain[None, :]
     keeps = np.zeros(mask.shape, dtype=bool)  # (row, option) scored, fits and keeps the margin
     for rows, opts, br, ok, room in run.score(first, batch_size, bounds):
@@ -169,6 +189,8 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     run.skipped = int(mask.sum()) - int(first.sum()) - int(second.sum())
     for _ in run.score(second, batch_size, bounds):
         pass
+    if prune and len(run.kept.layout) == 0:
+        run.settle_smallest_peak(first | second, peak_lower, batch_size)
     return run.ranked()
 
 
@@ -181,7 +203,9 @@ class _Run:
         self.variants = np.zeros(len(self.shapes), dtype=np.int64)
         self.kept = _Kept.empty()
         self.feasible, self.done, self.skipped, self.pruned, self.index_base = 0, 0, 0, 0, 0
-        self.min_peak, self.min_at = np.inf, None
+        self.min_peak, self.min_at, self.min_key = np.inf, None, None
+        self.unfit: np.ndarray | None = None  # rows whose memory bound is above the device memory
+        self.plain = np.asarray(space.offload_counterpart) == np.arange(len(space.options))
 
     def cut_tokens(self) -> float | None:
         """Tokens/s of the best config of the K-th best layout so far, where configs below it cannot enter
@@ -208,6 +232,9 @@ class _Run:
             edges = np.searchsorted(cum, np.arange(batch_size, int(cum[-1]), batch_size), side="right")
             yield from (g for g in np.split(rows, np.unique(edges)) if len(g))
             return
+        if self.unfit is not None:
+            self.pruned += int(counts[rows[self.unfit[rows]]].sum())
+            rows = rows[~self.unfit[rows]]
         order = rows[np.argsort(-bounds[rows], kind="stable")]
         size, at = max(1, batch_size // FIRST_GROUP_FRACTION), 0
         while at < len(order):
@@ -241,10 +268,7 @@ class _Run:
             br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
             self.feasible += int(br.feasible.sum())
             if br.valid.any():
-                peaks = np.where(br.valid, br.peak_bytes, np.inf)
-                j = int(np.argmin(peaks))
-                if peaks[j] < self.min_peak:
-                    self.min_peak, self.min_at = float(peaks[j]), (int(rows[j]), int(opts[j]))
+                self._note_smallest_peak(np.where(br.valid, br.peak_bytes, np.inf), rows, opts)
             ok = np.nonzero(br.feasible)[0]
             room = (br.capacity_bytes - br.peak_bytes[ok]) / GIB  # as the result's memory.headroom_gib
             if len(ok):
@@ -257,6 +281,34 @@ class _Run:
             if self.progress:
                 self.progress(self.done + self.skipped + self.pruned, self.total)
             yield rows, opts, br, ok, room
+
+    def _note_smallest_peak(self, peaks: np.ndarray, rows: np.ndarray, opts: np.ndarray) -> None:
+        """Keep the smallest peak, ties to the config a plain scan meets first (the pass without offload
+        first, then row-major), whatever the order of scoring."""
+        at = np.flatnonzero(peaks == peaks.min())
+        at = at[np.lexsort((opts[at], rows[at], ~self.plain[opts[at]]))]
+        j = int(at[0])
+        key = (float(peaks[j]), bool(~self.plain[opts[j]]), int(rows[j]), int(opts[j]))
+        if self.min_key is None or key < self.min_key:
+            self.min_key, self.min_peak, self.min_at = key, key[0], (int(rows[j]), int(opts[j]))
+
+    def settle_smallest_peak(self, pairs: np.ndarray, peak_lower: np.ndarray, batch_size: int) -> None:
+        """Nothing fits: score the rows ruled out by their memory bound (``unfit``) whose bound is not above
+        the smallest peak found, lowest bound first, in doubling groups, until every row left has a bound
+        above it; the smallest peak and its config are then a plain scan's. ``pairs``: both passes'."""
+        counts = pairs.sum(axis=1)
+        rows = np.flatnonzero(self.unfit & (counts > 0))
+        rows = rows[np.argsort(peak_lower[rows], kind="stable")]
+        size, at = max(1, batch_size // FIRST_GROUP_FRACTION), 0
+        while at < len(rows) and peak_lower[rows[at]] <= self.min_peak:
+            end = at + int(np.searchsorted(np.cumsum(counts[rows[at:]]), size)) + 1
+            group = rows[at:end][peak_lower[rows[at:end]] <= self.min_peak]
+            sub = np.zeros_like(pairs)
+            sub[group] = pairs[group]
+            self.pruned -= int(counts[group].sum())
+            for _ in self.score(sub, batch_size):
+                pass
+            at, size = end, min(2 * size, batch_size)
 
     def ranked(self) -> Ranked:
         space, kept, k = self.space, self.kept, self.top_k
