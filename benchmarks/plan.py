@@ -49,7 +49,8 @@ from search.capacity import PlanRequest, run_plan  # noqa: E402
 # The commands the speed targets are set on (README, docs/guides/capacity.md and rl.md) and the targets, s.
 COMMANDS = {
     "plan": (["plan", "--model", "pangu-ultra-moe-718b", "--cluster", "ascend-910b", "--tokens", "19T",
-              "--devices-min", "1024", "--devices-max", "16384", "--devices-step", "512", "--deadline-days", "90"], 10.0),
+              "--devices-min", "1024", "--devices-max", "16384", "--devices-step", "512", "--deadline-days", "90"],
+             10.0),
     "rl": (["rl", "--model", "pangu-ultra-moe-718b", "--cluster", "ascend-910c-cloudmatrix384", "--devices", "384"],
            20.0),
 }
@@ -80,7 +81,7 @@ def targets(names: list[str], runs: int) -> None:
         t.add_column(col, justify="right")
     for n in names:
         wall, target = statistics.median(walls[n]), COMMANDS[n][1]
-        t.add_row(f"paraplan {' '.join(COMMANDS[n][0][:1])}", f"{wall:.1f}", f"{min(walls[n]):.1f}–{max(walls[n]):.1f}",
+        t.add_row(f"paraplan {COMMANDS[n][0][0]}", f"{wall:.1f}", f"{min(walls[n]):.1f}–{max(walls[n]):.1f}",
                   f"{statistics.median(cpus[n]):.1f}", f"{target:.0f}", f"{wall / target:.2f}")
     Console().print(t)
     for n in names:
