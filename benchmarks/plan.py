@@ -12,6 +12,17 @@ searched side by side), measured in the same run, alternating: median wall secon
 each, the speedup, and whether the N-process plan equals the one-process plan (exit 1 if not):
 
     .venv/bin/python benchmarks/plan.py --jobs 2 [--repeats 3]
+
+``--targets`` instead times the README's plan command as a whole process (``paraplan plan`` for Pangu on
+1,024–16,384 NPUs in steps of 512, imports included) against its target, 10 s on one core; ``--rl`` adds
+the RL command (``paraplan rl`` for Pangu on one CloudMatrix 384) against 20 s. Each command runs
+``--runs`` times, in turn; the table has the median wall and CPU seconds, the target, and the ratio:
+
+    .venv/bin/python benchmarks/plan.py --rl [--runs 3]
+
+``--exact`` checks the pruned plan against the same plan with every count's space scanned in full (the
+exhaustive engine without its bounds): the same chosen count and, at every count, the same best config and
+tokens/s (exit 1 if not), with both plans' times.
 """
 
 from __future__ import annotations
@@ -22,11 +33,15 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import resource  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -71,12 +86,91 @@ def jobs_comparison(spec, profile, jobs: int, repeats: int) -> bool:
     return same
 
 
+# The commands the speed targets are set on (README, docs/guides/capacity.md and rl.md) and the targets, s.
+COMMANDS = {
+    "plan": (["plan", "--model", "pangu-ultra-moe-718b", "--cluster", "ascend-910b", "--tokens", "19T",
+              "--devices-min", "1024", "--devices-max", "16384", "--devices-step", "512", "--deadline-days", "90"],
+             10.0),
+    "rl": (["rl", "--model", "pangu-ultra-moe-718b", "--cluster", "ascend-910c-cloudmatrix384", "--devices", "384"],
+           20.0),
+}
+
+
+def time_command(args: list[str]) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of ``paraplan ARGS`` as a whole process, on one thread."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def targets(names: list[str], runs: int) -> None:
+    """Each command of ``names`` run ``runs`` times in turn; a table of medians against the targets."""
+    walls: dict[str, list[float]] = {n: [] for n in names}
+    cpus: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(runs):
+        for n in names:
+            wall, cpu = time_command(COMMANDS[n][0])
+            walls[n].append(wall)
+            cpus[n].append(cpu)
+    t = Table(title=f"whole-process time, one thread, median of {runs} (in turn)", title_justify="left")
+    for col in ("command", "wall s", "wall min–max", "CPU s", "target s", "wall / target"):
+        t.add_column(col, justify="right")
+    for n in names:
+        wall, target = statistics.median(walls[n]), COMMANDS[n][1]
+        t.add_row(f"paraplan {COMMANDS[n][0][0]}", f"{wall:.1f}", f"{min(walls[n]):.1f}–{max(walls[n]):.1f}",
+                  f"{statistics.median(cpus[n]):.1f}", f"{target:.0f}", f"{wall / target:.2f}")
+    Console().print(t)
+    for n in names:
+        print(f"paraplan {' '.join(COMMANDS[n][0])}")
+
+
+def exact_check(spec, profile) -> bool:
+    """The plan with the engine's bounds and with plain full scans; prints a table; True where they agree."""
+    import functools
+
+    import search.engine
+
+    request = PlanRequest(spec=spec, profile=profile, tokens=19e12, devices_min=1024, devices_max=16384,
+                          devices_step=512, deadline_days=90, framework="mindspeed")
+    pruned = run_plan(request)
+    engine = search.engine.run_exhaustive
+    search.engine.run_exhaustive = functools.partial(engine, prune=False)
+    try:
+        plain = run_plan(request)
+    finally:
+        search.engine.run_exhaustive = engine
+    answer = lambda plan: (plan["chosen"], [(p["devices"], p["config"], p["tokens_per_s"])  # noqa: E731
+                                            for p in plan["points"]])
+    same = answer(pruned) == answer(plain)
+    t = Table(title="the plan with bounds against plain full scans", title_justify="left")
+    for col in ("counts", "chosen", "pruned plan s", "plain plan s", "every count's best"):
+        t.add_column(col, justify="right")
+    t.add_row(str(len(pruned["points"])), f"{pruned['chosen']:,}", f"{pruned['plan_time_s']:.1f}",
+              f"{plain['plan_time_s']:.1f}", "equal" if same else "DIFFERENT")
+    Console().print(t)
+    return same
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--compare", default="1024,6144,16384", help="counts to compare with the full search")
     ap.add_argument("--jobs", type=int, default=None, help="compare the plan on 1 and on N processes")
     ap.add_argument("--repeats", type=int, default=3, help="runs per process count (with --jobs)")
+    ap.add_argument("--targets", action="store_true", help="time the plan command as a whole process")
+    ap.add_argument("--rl", action="store_true", help="with --targets: time the RL command too (implies it)")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each command (--targets, --rl)")
+    ap.add_argument("--exact", action="store_true", help="check the plan against plain full scans")
     args = ap.parse_args()
+    if args.exact:
+        sys.exit(0 if exact_check(model_presets.load("pangu-ultra-moe-718b"), hardware_profiles.load("ascend-910b"))
+                 else 1)
+    if args.targets or args.rl:
+        targets(["plan", "rl"] if args.rl else ["plan"], args.runs)
+        return
     spec, profile = model_presets.load("pangu-ultra-moe-718b"), hardware_profiles.load("ascend-910b")
     if args.jobs is not None:
         sys.exit(0 if jobs_comparison(spec, profile, args.jobs, args.repeats) else 1)

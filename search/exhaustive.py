@@ -9,9 +9,11 @@ Most of a large space cannot reach that cut, and the engine decides it without s
 layout row (its layout, split and micro-batch) scored with the options that make a step shortest (no
 recompute, no offload, every overlap on) bounds the throughput of all its options from above
 (``_row_bounds``); once the kept configs hold K layouts, rows whose bound is below the cut are counted as
-pruned. The rows are scored highest bound first, so the cut is known early and the scan stops where the
-highest bound left is below it. Scoring in any order gives the same kept set (``_Kept.merge``), so the
-result equals a plain full scan's.
+pruned. The rows are scored highest bound first, in small groups that double, so the cut is known early
+and the scan stops where the highest bound left is below it. The same scoring gives each row a lower bound
+on its memory peak (its model states): a row whose states alone overflow the device has no option that
+fits, and is pruned too. Scoring in any order gives the same kept set (``_Kept.merge``), so the result
+equals a plain full scan's.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ GIB = 2**30
 # What makes two configs the same parallel layout: the rest (vpp, pipeline split, micro-batch, recompute,
 # overlaps) are variants of it.
 LAYOUT_FIELDS = ("tp", "pp", "cp", "ep", "etp")
+# With bounds, the first group of rows scored holds this fraction of a chunk's pairs (then groups double):
+# the rows with the highest bounds, whose best config sets the cut that prunes the rest.
+FIRST_GROUP_FRACTION = 64
 
 
 @dataclass
@@ -116,16 +121,18 @@ def _layout_codes(space: SearchSpace) -> tuple[np.ndarray, np.ndarray]:
     return unique_rows([np.asarray(space.parallel[k], dtype=np.int64) for k in LAYOUT_FIELDS])
 
 
-def _row_bounds(space: SearchSpace, batch_size: int = 200_000) -> np.ndarray:
+def _row_bounds(space: SearchSpace, batch_size: int = 200_000) -> tuple[np.ndarray, np.ndarray]:
     """An upper bound on the tokens/s of every option of each layout row of ``space`` (inf where unknown),
-    scored in chunks of ``batch_size`` rows as the configs are (``_chunk_bounds``): one call over every
-    row would hold arrays a few times larger, fresh pages each, for no fewer operations."""
+    and a lower bound on their memory peak in bytes (0 where unknown), scored in chunks of ``batch_size``
+    rows as the configs are (``_chunk_bounds``): one call over every row would hold arrays a few times
+    larger, fresh pages each, for no fewer operations."""
     n = len(space.parallel["tp"])
-    return np.concatenate([np.zeros(0)] + [_chunk_bounds(space, np.arange(start, min(start + batch_size, n)))
-                                           for start in range(0, n, batch_size)])
+    chunks = [(np.zeros(0), np.zeros(0))] + [_chunk_bounds(space, np.arange(start, min(start + batch_size, n)))
+                                             for start in range(0, n, batch_size)]
+    return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])
 
 
-def _chunk_bounds(space: SearchSpace, rows: np.ndarray) -> np.ndarray:
+def _chunk_bounds(space: SearchSpace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The bounds of layout rows ``rows`` (``_row_bounds``).
 
     Each row is scored once with no recompute, no offload and both overlaps on. Every option of the row
@@ -134,7 +141,13 @@ def _chunk_bounds(space: SearchSpace, rows: np.ndarray) -> np.ndarray:
     offload time >= 0; so each stage's micro-batch time, the slowest stage's (``t_stage``) and the 1F1B
     bubble ((pp - 1)/vpp of it) are at least the bound row's, and the data-parallel and optimizer terms
     are >= 0. The bound step is those parts (less one part in 10^9 for the order of the float sums) plus
-    the stragglers' wait on it; a DualPipe row's bubble is taken as 0."""
+    the stragglers' wait on it; a DualPipe row's bubble is taken as 0.
+
+    The memory bound: the weights, gradients and optimizer states of the bound config's peak stage and the
+    framework's overhead. A stage's peak is at least its states plus the overhead, and no option changes
+    the states (recompute, offload and the overlaps change activations and buffers only) where every
+    option has the same ``distributed_optimizer``; a row whose bound is above the device memory has no
+    option that fits."""
     n = len(rows)
     b = space.make_batch(rows, np.zeros(n, dtype=np.int64))
     b = replace(b, recompute=np.zeros(n, dtype=np.int64), recompute_num_layers=np.full(n, NO_VALUE, dtype=np.int64),
@@ -147,7 +160,10 @@ def _chunk_bounds(space: SearchSpace, rows: np.ndarray) -> np.ndarray:
     dp = np.maximum(space.devices // (b.tp * b.pp * b.cp), 1)
     step = replica + stragglers.straggler_s(replica, dp, Hardware.from_profile(space.profile).straggler_cv)
     bound = space.global_batch_size * space.spec.seq_length / step
-    return np.where(np.isfinite(bound) & (step > 0), bound, np.inf)
+    states = (br.params_bytes + br.grads_bytes + br.optimizer_bytes + br.overhead_bytes) * (1.0 - 1e-9)
+    same_states = len({o[1] for o in space.options}) == 1
+    peak = np.where(br.valid & np.isfinite(states), states, 0.0) if same_states else np.zeros(n)
+    return np.where(np.isfinite(bound) & (step > 0), bound, np.inf), peak
 
 
 def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None = None,
@@ -162,8 +178,10 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     the samplers decide it (``scored_groups``), so both engines rank the same configs. ``prune``: decide
     the rows that cannot reach the cut by their bound (``_row_bounds``; False: the plain full scan).
     ``trials`` counts every config of the space (scored or so decided); ``feasible_trials`` and each
-    layout's ``variants`` the feasible configs scored; ``extra`` the configs scored, pruned (bound below the cut)
-    and dominated (offload plans decided by their counterpart), which add up to ``trials``.
+    layout's ``variants`` the feasible configs scored; ``extra`` the configs scored, pruned (throughput
+    bound below the cut, or memory bound above the device's memory: ``_row_bounds``) and dominated
+    (offload plans decided by their counterpart), which add up to ``trials``. Where nothing fits, the
+    smallest peak is the plain scan's (``_Run.settle_smallest_peak``).
 
     ``jobs`` > 1: the row bounds and each group of rows are split into ``jobs`` parts scored by that many
     processes (``search.pool``), each part sent with its own rows of the space; the next group is chosen
@@ -177,7 +195,10 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
         base = np.asarray(space.offload_counterpart, dtype=np.int64)
         plain = base == np.arange(len(base))
         run = _Run(space, top_k, margin_gib, progress, total, procs, check)
-        bounds = (_row_bounds(space, batch_size) if procs is None else run.parallel_bounds(batch_size)) if prune else None
+        bounds = None
+        if prune:
+            bounds, peak_lower = _row_bounds(space, batch_size) if procs is None else run.parallel_bounds(batch_size)
+            run.unfit = peak_lower > Hardware.from_profile(space.profile).memory_bytes
         first = mask & plain[None, :]
         keeps: list[tuple[np.ndarray, np.ndarray]] = []  # the (rows, options) scored that fit and keep the margin
         run.score(first, batch_size, bounds, keeps)
@@ -185,6 +206,8 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
                                np.concatenate([o for _, o in keeps] or [[]]).astype(np.int64))
         run.skipped = int(np.count_nonzero(mask)) - int(np.count_nonzero(first)) - int(np.count_nonzero(second))
         run.score(second, batch_size, bounds)
+        if prune and len(run.kept.layout) == 0:
+            run.settle_smallest_peak(first | second, peak_lower, batch_size)
         return run.ranked()
 
 
@@ -215,7 +238,7 @@ def part_of(space: SearchSpace, rows: np.ndarray) -> _Part:
                          check=None), {k: v.dtype.str for k, v in space.parallel.items()})
 
 
-def _bounds_part(part: _Part) -> np.ndarray:
+def _bounds_part(part: _Part) -> tuple[np.ndarray, np.ndarray]:
     """``_row_bounds`` of a part of the space, in a pool process."""
     return _row_bounds(part.widened())
 
@@ -241,16 +264,16 @@ class _Chunk:
     feasible: int  # feasible configs scored
     variants: np.ndarray  # feasible configs scored, per layout code
     scored: int
-    min_peak: float  # the smallest peak (bytes) of a structurally valid config, and its (row, option)
-    min_at: tuple[int, int] | None
+    min_key: tuple | None  # the smallest peak of a structurally valid config (``_smallest_peak_key``)
     keeps: tuple[np.ndarray, np.ndarray]  # (rows, options) that fit and keep the margin
 
     def on_rows(self, rows: np.ndarray) -> "_Chunk":
         """The same with local row numbers (positions in ``rows``) turned into ``rows``' values."""
         self.kept = replace(self.kept, rows=rows[self.kept.rows])
         self.keeps = (rows[self.keeps[0]], self.keeps[1])
-        if self.min_at is not None:
-            self.min_at = (int(rows[self.min_at[0]]), self.min_at[1])
+        if self.min_key is not None:
+            peak, offload, row, opt = self.min_key
+            self.min_key = (peak, offload, int(rows[row]), opt)
         return self
 
 
@@ -264,11 +287,10 @@ def _score_rows(space: SearchSpace, rows: np.ndarray, sub: np.ndarray, starts: n
     index = starts[at] + np.cumsum(sub, axis=1)[at, opts] - 1
     batch = space.make_batch(r, opts)
     br = evaluate_batch(space.spec, space.profile, space.devices, batch, keep_stages=False)
-    min_peak, min_at = np.inf, None
+    min_key = None
     if br.valid.any():
-        peaks = np.where(br.valid, br.peak_bytes, np.inf)
-        j = int(np.argmin(peaks))
-        min_peak, min_at = float(peaks[j]), (int(r[j]), int(opts[j]))
+        plain = np.asarray(space.offload_counterpart) == np.arange(len(space.options))
+        min_key = _smallest_peak_key(np.where(br.valid, br.peak_bytes, np.inf), r, opts, plain)
     ok = np.nonzero(br.feasible)[0]
     room = (br.capacity_bytes - br.peak_bytes[ok]) / GIB  # as the result's memory.headroom_gib
     lay = layout_of[at[ok]]
@@ -278,8 +300,18 @@ def _score_rows(space: SearchSpace, rows: np.ndarray, sub: np.ndarray, starts: n
                                 batch.offload_modules[ok] != 0, br.peak_bytes[ok], index[ok], r[ok], opts[ok], lay),
                           top_k)
     good = ok[room >= margin_gib]
-    return _Chunk(kept, int(br.feasible.sum()), np.bincount(lay, minlength=layouts), len(r), min_peak, min_at,
+    return _Chunk(kept, int(br.feasible.sum()), np.bincount(lay, minlength=layouts), len(r), min_key,
                   (r[good], opts[good]))
+
+
+def _smallest_peak_key(peaks: np.ndarray, rows: np.ndarray, opts: np.ndarray, plain: np.ndarray) -> tuple:
+    """(peak bytes, offloads, row, option) of the smallest of ``peaks``, ties to the config a plain scan
+    meets first (the pass without offload first, then row-major), so that the smallest of such keys is
+    the plain scan's whatever the order of scoring."""
+    at = np.flatnonzero(peaks == peaks.min())
+    at = at[np.lexsort((opts[at], rows[at], ~plain[opts[at]]))]
+    j = int(at[0])
+    return float(peaks[j]), bool(~plain[opts[j]]), int(rows[j]), int(opts[j])
 
 
 def _offload_pass(mask: np.ndarray, base: np.ndarray, keep_rows: np.ndarray, keep_opts: np.ndarray) -> np.ndarray:
@@ -306,16 +338,18 @@ class _Run:
         self.variants = np.zeros(len(self.shapes), dtype=np.int64)
         self.kept = _Kept.empty()
         self.feasible, self.done, self.skipped, self.pruned, self.index_base = 0, 0, 0, 0, 0
-        self.min_peak, self.min_at = np.inf, None
+        self.min_peak, self.min_at, self.min_key = np.inf, None, None
+        self.unfit: np.ndarray | None = None  # rows whose memory bound is above the device memory
 
-    def parallel_bounds(self, batch_size: int) -> np.ndarray:
+    def parallel_bounds(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """``_row_bounds`` of the space, its rows split among the pool's processes in parts of at most about
         ``batch_size`` rows (each row's bound is its own: the same numbers as in one process; a process's
         memory stays that of one part however large the space)."""
         n = len(self.space.parallel["tp"])
         parts = _parts(np.arange(n), np.ones(n, dtype=np.int64), max(self.procs.jobs, -(-n // batch_size)))
         futures = [self.procs.submit(_bounds_part, part_of(self.space, part)) for part in parts]
-        return np.concatenate([self.procs.result(f, self.check) for f in futures])
+        pairs = [self.procs.result(f, self.check) for f in futures]
+        return np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])
 
     def cut_tokens(self) -> float | None:
         """Tokens/s of the best config of the K-th best layout so far, where configs below it cannot enter
@@ -328,29 +362,38 @@ class _Run:
         return float(kept.tokens[-1])
 
     def _row_groups(self, counts: np.ndarray, bounds: np.ndarray | None, batch_size: int):
-        """The layout rows to score (those with pairs to score, ``counts``), in groups of about ``batch_size``
-        pairs, each group in row order: without bounds all of them, in row order; with them, highest bound
-        first, in groups of a quarter of that so that the cut (``cut_tokens``) is known and rises after a
-        few rows' scores, each group without the rows whose bound is below the cut known by then, and no
-        group once the highest bound left is below it (all those pairs counted as pruned)."""
+        """The layout rows to score (those with pairs to score, ``counts``), in groups of at most about
+        ``batch_size`` pairs, each group in row order. Without bounds: all of them, in row order. With them:
+        without the rows whose memory bound rules them out (``unfit``), in the order of their bounds,
+        highest first, in groups that start at ``FIRST_GROUP_FRACTION`` of ``batch_size`` and double, so
+        that the cut (``cut_tokens``) is known after a few small groups; each group without the rows whose
+        bound is below the cut known by then (their pairs counted as pruned), and once the highest bound
+        left is below it, every row left is pruned."""
         rows = np.flatnonzero(counts)
-        if len(rows) == 0:
+        if bounds is None:
+            if len(rows) == 0:
+                return
+            cum = np.cumsum(counts[rows])
+            edges = np.searchsorted(cum, np.arange(batch_size, int(cum[-1]), batch_size), side="right")
+            yield from (g for g in np.split(rows, np.unique(edges)) if len(g))
             return
-        if bounds is not None:
-            rows = rows[np.argsort(-bounds[rows], kind="stable")]
-            batch_size = max(batch_size // 4, 1)
-        cum = np.cumsum(counts[rows])
-        edges = np.searchsorted(cum, np.arange(batch_size, int(cum[-1]), batch_size), side="right")
-        groups = [g for g in np.split(rows, np.unique(edges)) if len(g)]
-        for i, group in enumerate(groups):
-            cut = None if bounds is None else self.cut_tokens()
+        if self.unfit is not None:
+            self.pruned += int(counts[rows[self.unfit[rows]]].sum())
+            rows = rows[~self.unfit[rows]]
+        order = rows[np.argsort(-bounds[rows], kind="stable")]
+        size, at = max(1, batch_size // FIRST_GROUP_FRACTION), 0
+        while at < len(order):
+            cut = self.cut_tokens()
+            if cut is not None and bounds[order[at]] < cut:  # every bound left is at most this one
+                self.pruned += int(counts[order[at:]].sum())
+                return
+            end = at + int(np.searchsorted(np.cumsum(counts[order[at:]]), size)) + 1
+            group = order[at:end]
             if cut is not None:
-                if bounds[group[0]] < cut:  # the highest bound left
-                    self.pruned += int(sum(int(counts[g].sum()) for g in groups[i:]))
-                    return
                 live = bounds[group] >= cut
                 self.pruned += int(counts[group[~live]].sum())
                 group = group[live]
+            at, size = end, min(2 * size, batch_size)
             if len(group):
                 yield np.sort(group)
 
@@ -381,14 +424,31 @@ class _Run:
         """Add one scored chunk to the kept set and the counts, and report progress."""
         self.feasible += chunk.feasible
         self.variants += chunk.variants
-        if chunk.min_peak < self.min_peak:
-            self.min_peak, self.min_at = chunk.min_peak, chunk.min_at
+        if chunk.min_key is not None and (self.min_key is None or chunk.min_key < self.min_key):
+            self.min_key, self.min_peak, self.min_at = chunk.min_key, chunk.min_key[0], chunk.min_key[2:]
         self.kept = self.kept.merge(chunk.kept, self.top_k)
         if keeps is not None:
             keeps.append(chunk.keeps)
         self.done += chunk.scored
         if self.progress:
             self.progress(self.done + self.skipped + self.pruned, self.total)
+
+    def settle_smallest_peak(self, pairs: np.ndarray, peak_lower: np.ndarray, batch_size: int) -> None:
+        """Nothing fits: score the rows ruled out by their memory bound (``unfit``) whose bound is not above
+        the smallest peak found, lowest bound first, in doubling groups, until every row left has a bound
+        above it; the smallest peak and its config are then a plain scan's. ``pairs``: both passes'."""
+        counts = pairs.sum(axis=1)
+        rows = np.flatnonzero(self.unfit & (counts > 0))
+        rows = rows[np.argsort(peak_lower[rows], kind="stable")]
+        size, at = max(1, batch_size // FIRST_GROUP_FRACTION), 0
+        while at < len(rows) and peak_lower[rows[at]] <= self.min_peak:
+            end = at + int(np.searchsorted(np.cumsum(counts[rows[at:]]), size)) + 1
+            group = rows[at:end][peak_lower[rows[at:end]] <= self.min_peak]
+            sub = np.zeros_like(pairs)
+            sub[group] = pairs[group]
+            self.pruned -= int(counts[group].sum())
+            self.score(sub, batch_size)
+            at, size = end, min(2 * size, batch_size)
 
     def ranked(self) -> Ranked:
         space, kept, k = self.space, self.kept, self.top_k

@@ -1,9 +1,11 @@
 """The exhaustive engine's pruning is exact: the plain full scan stays the reference.
 
 With ``prune=True`` (the default) the engine decides rows whose throughput bound cannot reach the
-K-th best layout's best config without scoring them. On real preset spaces, small enough for a full
-scan in a test, the top-K configs, the top-K layouts and their ranks must equal the plain scan's; the
-bound itself must hold above every scored config's throughput; and the pruned configs are counted.
+K-th best layout's best config, or whose model states alone overflow the device, without scoring them.
+On real preset spaces, small enough for a full scan in a test, the top-K configs, the top-K layouts and
+their ranks (and, where nothing fits, the smallest peak) must equal the plain scan's; the throughput
+bound must hold above every config's throughput and the memory bound below every config's peak; and
+the pruned configs are counted.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 import hardware_profiles
 import model_presets
 from costmodel import evaluate_batch
-from search.exhaustive import _row_bounds, run_exhaustive
+from search.exhaustive import _row_bound_pair, _row_bounds, run_exhaustive
 from search.space import build_space
 
 CASES = [  # (model, cluster, devices, global batch, framework, top K, memory margin GiB): MoE
@@ -61,3 +63,37 @@ def test_row_bound_is_above_every_option_of_the_row(model, cluster, devices, gbs
     best = np.zeros(len(bounds))
     np.maximum.at(best, rows, br.tokens_per_s)
     assert np.median(best / bounds) > 0.5
+
+
+MEMORY_CASES = [  # (model, cluster, devices, global batch, framework): most rows' states alone overflow the
+    # device; the first still has configs that fit, in the second nothing fits
+    ("llama3-70b", "nvidia-a100-80gb", 16, 64, "megatron"),
+    ("llama3-70b", "nvidia-a100-80gb", 8, 32, None),
+]
+
+
+@pytest.mark.parametrize("model,cluster,devices,gbs,framework", MEMORY_CASES)
+def test_rows_that_cannot_fit_are_decided_as_the_plain_scan(model, cluster, devices, gbs, framework):
+    space = _space(model, cluster, devices, gbs, framework)
+    _, lower = _row_bound_pair(space)
+    capacity = hardware_profiles.load(cluster).fact("memory_gib") * 2**30
+    assert (lower > capacity).mean() > 0.5, "the case must have rows the memory bound rules out"
+    plain = run_exhaustive(space, 5, batch_size=500, prune=False)
+    pruned = run_exhaustive(space, 5, batch_size=500, prune=True)
+    assert _key(pruned) == _key(plain)
+    # where nothing fits, the smallest peak (and the config that has it) is still the full scan's
+    assert (pruned.smallest_peak_gib, pruned.smallest_peak_config) == (plain.smallest_peak_gib,
+                                                                       plain.smallest_peak_config)
+    extra = pruned.extra
+    assert extra["configs_scored"] + extra["configs_pruned"] + extra["configs_dominated"] == space.size
+    assert extra["configs_scored"] < plain.extra["configs_scored"] / 2
+
+
+@pytest.mark.parametrize("model,cluster,devices,gbs,framework", MEMORY_CASES + [c[:5] for c in CASES])
+def test_memory_bound_is_below_every_option_of_the_row(model, cluster, devices, gbs, framework):
+    space = _space(model, cluster, devices, gbs, framework)
+    _, lower = _row_bound_pair(space)
+    rows, opts = np.nonzero(space._option_mask())
+    br = evaluate_batch(space.spec, space.profile, space.devices, space.make_batch(rows, opts), keep_stages=False)
+    assert (br.peak_bytes[br.valid] >= lower[rows[br.valid]]).all()
+    assert (lower > 0).any()

@@ -20,6 +20,14 @@ from .verdicts import Verdicts, shared
 if TYPE_CHECKING:
     from .core import SearchSpace
 
+# The searches of one plan (a capacity plan's device counts, an RL plan's pools) ask the same verdicts:
+# the framework's rules read the config's fields, the model, the framework and the scale-up domain, never
+# the device count, dp or the batch (search/frameworks). So the verdicts are kept per context (model,
+# framework, domain, precision, pins, constants, option table), shared by every space of that context;
+# the last few contexts are kept.
+_SHARED_VERDICTS: dict[tuple, dict] = {}
+SHARED_CONTEXTS_MAX = 8
+
 
 # The option fields a probe states (``Expressible._option_values``), in this order.
 OPTION_FIELDS = ("recompute", "recompute_modules", "recompute_num_layers", "offload_modules", "distributed_optimizer",
@@ -118,12 +126,14 @@ class Expressible:
         """The distinct keys, the rows of ``row_fn`` per distinct key (remembered; a row is one verdict
         per option, or one for all) and each config's row index."""
         uniq, inv = unique_rows(keys)
-        cache = self._expressible_cache
+        cache = self._shared_verdicts()
         rows = []
         for i, u in enumerate(uniq):
             if self.check is not None and i % 16 == 0:
                 self.check()
             key = (kind, *map(int, u))
+            if kind == "split" and key[7] != NO_VALUE:  # a balanced split by its layout: ids are the space's own
+                key = (*key[:7], self.layouts[key[7]], *key[8:])
             if key not in cache:
                 cache[key] = row_fn(*map(int, u))
             rows.append(cache[key])
@@ -140,6 +150,16 @@ class Expressible:
                 out.append(tuple(tuple(v) if isinstance(v, list) else v for v in map(fields.get, OPTION_FIELDS)))
             self._expressible_cache["option_values"] = out
         return self._expressible_cache["option_values"]
+
+    def _shared_verdicts(self) -> dict:
+        """The verdicts of this space's context (``_SHARED_VERDICTS``), keyed by kind and probe key."""
+        if "verdicts" not in self._expressible_cache:
+            context = (self.spec.model_dump_json(), self.framework, self._domain(), self.precision,
+                       repr(sorted(self.fixed.items())), repr(sorted(self.constants.items())), repr(self.options))
+            if context not in _SHARED_VERDICTS and len(_SHARED_VERDICTS) >= SHARED_CONTEXTS_MAX:
+                _SHARED_VERDICTS.pop(next(iter(_SHARED_VERDICTS)))
+            self._expressible_cache["verdicts"] = _SHARED_VERDICTS.setdefault(context, {})
+        return self._expressible_cache["verdicts"]
 
     def _probe_fields(self) -> dict:
         """The field values of the representative config the probes update (validated once): the search's
