@@ -16,7 +16,7 @@ import pytest
 import hardware_profiles
 import model_presets
 from costmodel import evaluate_batch
-from search.exhaustive import _row_bound_pair, _row_bounds, run_exhaustive
+from search.exhaustive import _row_bounds, run_exhaustive
 from search.space import build_space
 
 CASES = [  # (model, cluster, devices, global batch, framework, top K, memory margin GiB): MoE
@@ -55,7 +55,7 @@ def test_pruned_scan_ranks_as_the_plain_scan(model, cluster, devices, gbs, frame
 @pytest.mark.parametrize("model,cluster,devices,gbs,framework,k,margin", CASES)
 def test_row_bound_is_above_every_option_of_the_row(model, cluster, devices, gbs, framework, k, margin):
     space = _space(model, cluster, devices, gbs, framework)
-    bounds = _row_bounds(space)
+    bounds, _ = _row_bounds(space)
     rows, opts = np.nonzero(space._option_mask())
     br = evaluate_batch(space.spec, space.profile, space.devices, space.make_batch(rows, opts), keep_stages=False)
     assert (br.tokens_per_s <= bounds[rows]).all()
@@ -75,7 +75,7 @@ MEMORY_CASES = [  # (model, cluster, devices, global batch, framework): most row
 @pytest.mark.parametrize("model,cluster,devices,gbs,framework", MEMORY_CASES)
 def test_rows_that_cannot_fit_are_decided_as_the_plain_scan(model, cluster, devices, gbs, framework):
     space = _space(model, cluster, devices, gbs, framework)
-    _, lower = _row_bound_pair(space)
+    _, lower = _row_bounds(space)
     capacity = hardware_profiles.load(cluster).fact("memory_gib") * 2**30
     assert (lower > capacity).mean() > 0.5, "the case must have rows the memory bound rules out"
     plain = run_exhaustive(space, 5, batch_size=500, prune=False)
@@ -92,7 +92,7 @@ def test_rows_that_cannot_fit_are_decided_as_the_plain_scan(model, cluster, devi
 @pytest.mark.parametrize("model,cluster,devices,gbs,framework", MEMORY_CASES + [c[:5] for c in CASES])
 def test_memory_bound_is_below_every_option_of_the_row(model, cluster, devices, gbs, framework):
     space = _space(model, cluster, devices, gbs, framework)
-    _, lower = _row_bound_pair(space)
+    _, lower = _row_bounds(space)
     rows, opts = np.nonzero(space._option_mask())
     br = evaluate_batch(space.spec, space.profile, space.devices, space.make_batch(rows, opts), keep_stages=False)
     assert (br.peak_bytes[br.valid] >= lower[rows[br.valid]]).all()
