@@ -11,6 +11,7 @@ tests hold whatever the calibration.
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from collections import defaultdict
@@ -49,21 +50,28 @@ def _independent(model: str, margin: float) -> list[dict]:
     ``margin`` first, then by tokens/s, those that offload nothing, the smaller peak, enumeration order.
     An offload plan whose counterpart without offload (same layout, micro-batch and other options) keeps
     the margin is left out: it only repeats it, slower or as fast, and the engines do not score it."""
+    feasible, base = _feasible(model)
+    out = [{**c, "keeps": bool(c["room"] >= margin)} for c in feasible]
+    keeping = {c["at"] for c in out if c["keeps"]}
+    out = [c for c in out if base[c["at"][1]] == c["at"][1] or (c["at"][0], base[c["at"][1]]) not in keeping]
+    out.sort(key=lambda c: (not c["keeps"], -c["tokens"], bool(c["config"].get("offload_modules")), c["peak"], c["i"]))
+    return out
+
+
+@functools.cache
+def _feasible(model: str) -> tuple[tuple[dict, ...], tuple[int, ...]]:
+    """Every feasible config of ``model``'s space scored one batch at a time, in enumeration order, and each
+    option's counterpart without offload: the part of ``_independent`` that does not depend on the margin,
+    worked out once per model for the ten rankings these tests ask of it (their configs are only read)."""
     req = _request(model)
     space = build_space(req.spec, req.profile, req.devices, req.global_batch_size)
     rows, opts = np.nonzero(space._option_mask())
     br = evaluate_batch(req.spec, req.profile, req.devices, space.make_batch(rows, opts))
-    out = []
-    for i in np.flatnonzero(br.feasible):
-        room = (br.capacity_bytes - br.peak_bytes[i]) / GIB
-        out.append({"i": int(i), "tokens": float(br.tokens_per_s[i]), "peak": float(br.peak_bytes[i]),
-                    "room": room, "keeps": bool(room >= margin), "config": space.config(int(rows[i]), int(opts[i])),
-                    "at": (int(rows[i]), int(opts[i]))})
-    keeping = {c["at"] for c in out if c["keeps"]}
-    base = space.offload_counterpart
-    out = [c for c in out if base[c["at"][1]] == c["at"][1] or (c["at"][0], base[c["at"][1]]) not in keeping]
-    out.sort(key=lambda c: (not c["keeps"], -c["tokens"], bool(c["config"].get("offload_modules")), c["peak"], c["i"]))
-    return out
+    feasible = tuple({"i": int(i), "tokens": float(br.tokens_per_s[i]), "peak": float(br.peak_bytes[i]),
+                      "room": (br.capacity_bytes - br.peak_bytes[i]) / GIB,
+                      "config": space.config(int(rows[i]), int(opts[i])), "at": (int(rows[i]), int(opts[i]))}
+                     for i in np.flatnonzero(br.feasible))
+    return feasible, tuple(space.offload_counterpart)
 
 
 def _layout(cfg: dict) -> tuple:
