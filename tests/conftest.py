@@ -5,8 +5,8 @@ Hand-worked tests never read efficiency factors or facts from the shipped YAML f
 engineer calibrates them): they build a profile with ``make_profile`` and every number they use set
 explicitly, so that the expected values can be written as arithmetic in the test.
 
-The suite runs in parallel (``scripts/test``: pytest-xdist, one worker per core and one more), so a test must not share
-a file, a port or a database with another: write under ``tmp_path``, start servers on ``free_port()``
+The suite runs in parallel (``scripts/test``: pytest-xdist, one worker per core and one more), so a test
+must not share a file, a port or a database with another: write under ``tmp_path``, start servers on ``free_port()``
 (``service_util.Server`` does), and take PostgreSQL databases from ``postgres_url`` / ``database_url`` (a
 new database per test). A test that measures time or progress under load (a latency bound, a worker that
 must advance beside CPU-bound processes) is marked ``@pytest.mark.serial``: the serial tests run one after
