@@ -472,6 +472,9 @@ def _fit_together(base: dict, runs, left_out: list[str], keys: list[str], prior_
     scorer = RunScorer(ClusterProfile.model_validate(_without_calibration(base)), runs)
     steps = {g: p.steps(maxfev, seed=0) for g, p in problems.items() if p.keys}
     best = {g: np.array([]) for g, p in problems.items() if not p.keys}
+    if progress is not None:
+        for g in best:  # nothing to search: such a fold ends at once
+            progress(g)
     asked = {}
     for g, s in steps.items():
         asked[g] = next(s)

@@ -338,8 +338,18 @@ class _Run:
         self.variants = np.zeros(len(self.shapes), dtype=np.int64)
         self.kept = _Kept.empty()
         self.feasible, self.done, self.skipped, self.pruned, self.index_base = 0, 0, 0, 0, 0
-        self.min_peak, self.min_at, self.min_key = np.inf, None, None
+        self.min_key: tuple | None = None  # the smallest peak seen (``_smallest_peak_key``)
         self.unfit: np.ndarray | None = None  # rows whose memory bound is above the device memory
+
+    @property
+    def min_peak(self) -> float:
+        """The smallest peak (bytes) of a structurally valid config scored so far (inf before one)."""
+        return np.inf if self.min_key is None else self.min_key[0]
+
+    @property
+    def min_at(self) -> tuple[int, int] | None:
+        """That config's (row, option)."""
+        return None if self.min_key is None else self.min_key[2:]
 
     def parallel_bounds(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """``_row_bounds`` of the space, its rows split among the pool's processes in parts of at most about
@@ -425,7 +435,7 @@ class _Run:
         self.feasible += chunk.feasible
         self.variants += chunk.variants
         if chunk.min_key is not None and (self.min_key is None or chunk.min_key < self.min_key):
-            self.min_key, self.min_peak, self.min_at = chunk.min_key, chunk.min_key[0], chunk.min_key[2:]
+            self.min_key = chunk.min_key
         self.kept = self.kept.merge(chunk.kept, self.top_k)
         if keeps is not None:
             keeps.append(chunk.keeps)

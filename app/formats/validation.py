@@ -188,8 +188,8 @@ def _cross_validate_clusters(by_cluster: dict[str, list[Run]], progress=None):
             try:
                 cluster, source = ends.get(timeout=0.5)
             except queue.Empty:
-                if any(f.done() and f.exception() is not None for f in futures.values()):
-                    break  # the error is raised below
+                if all(f.done() for f in futures.values()):
+                    break  # every cluster has ended (a fold's error is raised below): never wait on a tick
                 continue
             folds -= 1
             if progress is not None:
