@@ -41,6 +41,10 @@ LAYOUT_FIELDS = ("tp", "pp", "cp", "ep", "etp")
 # With bounds, the first group of rows scored holds this fraction of a chunk's pairs (then groups double):
 # the rows with the highest bounds, whose best config sets the cut that prunes the rest.
 FIRST_GROUP_FRACTION = 64
+# With a pool, a group of fewer pairs than one scorer chunk (costmodel.evaluate.CHUNK_CONFIGS) is scored in
+# this process: split, each part would pay the transfer of its rows and its own evaluate's fixed cost for
+# a few milliseconds of scoring, and the first groups of a bounded scan are that small.
+POOL_MIN_PAIRS = 32_768
 
 
 @dataclass
@@ -420,10 +424,11 @@ class _Run:
                 self._absorb(chunk, keeps)
 
     def _score_group(self, group: np.ndarray, mask: np.ndarray, starts: np.ndarray) -> list[_Chunk]:
-        """The group's chunks scored, in row order: in this process, or split among the pool's processes
-        (each part sent with its rows of the space) and all of them awaited."""
+        """The group's chunks scored, in row order: in this process (without a pool, or a group smaller than
+        ``POOL_MIN_PAIRS``), or split among the pool's processes (each part sent with its rows of the space)
+        and all of them awaited."""
         args = (len(self.shapes), self.top_k, self.margin_gib)
-        if self.procs is None:
+        if self.procs is None or int(mask[group].sum()) < POOL_MIN_PAIRS:
             return [_score_rows(self.space, group, mask[group], starts[group], self.layout_of_row[group], *args)]
         parts = _parts(group, mask[group].sum(axis=1), self.procs.jobs)
         futures = [self.procs.submit(_score_part, part_of(self.space, part), mask[part], starts[part],

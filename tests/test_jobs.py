@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 import hardware_profiles  # noqa: E402
 import model_presets  # noqa: E402
+import search.exhaustive  # noqa: E402
 import search.pool  # noqa: E402
 from app.service.core.config import Settings  # noqa: E402
 from app.service.main import create_app  # noqa: E402
@@ -71,7 +72,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("model,cluster,devices,gbs,framework,k,margin,objective", CASES)
-def test_exhaustive_on_two_processes_equals_one(model, cluster, devices, gbs, framework, k, margin, objective, pools):
+def test_exhaustive_on_two_processes_equals_one(model, cluster, devices, gbs, framework, k, margin, objective, pools,
+                                                monkeypatch):
+    # every group split between the processes, however small (a real search keeps groups of fewer than
+    # POOL_MIN_PAIRS pairs in its own process: test_small_groups_stay_in_the_calling_process)
+    monkeypatch.setattr(search.exhaustive, "POOL_MIN_PAIRS", 0)
     space = build_space(model_presets.load(model), hardware_profiles.load(cluster), devices, gbs, framework=framework)
     space.objective = objective
     for prune in (True, False):
@@ -85,6 +90,27 @@ def test_exhaustive_on_two_processes_equals_one(model, cluster, devices, gbs, fr
         assert progress[2][-1] == progress[1][-1] == (space.size, space.size)
         assert [d for d, _ in progress[2]] == sorted(d for d, _ in progress[2])
     assert pools == [2, 2]
+
+
+def test_small_groups_stay_in_the_calling_process(monkeypatch):
+    """With a pool, a group of fewer than ``POOL_MIN_PAIRS`` pairs is scored where the search runs (splitting
+    it costs more than it saves) and a larger one is split among the processes; the result is the same."""
+    space = build_space(model_presets.load("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb"), 16, 64)
+    one = run_exhaustive(space, 10, batch_size=20_000, prune=False)
+    sent: list[str] = []
+    real = search.pool.Pool.submit
+
+    def spy(self, fn, *args):
+        sent.append(fn.__name__)
+        return real(self, fn, *args)
+
+    monkeypatch.setattr(search.pool.Pool, "submit", spy)
+    for min_pairs, split in ((10**9, False), (1, True)):  # groups of about 20,000 pairs
+        monkeypatch.setattr(search.exhaustive, "POOL_MIN_PAIRS", min_pairs)
+        sent.clear()
+        two = run_exhaustive(space, 10, batch_size=20_000, prune=False, jobs=2)
+        assert dataclasses.asdict(two) == dataclasses.asdict(one)
+        assert ("_score_part" in sent) == split
 
 
 def test_plan_on_two_processes_equals_one(pools):
