@@ -663,6 +663,7 @@ _ALIVE_CACHE = Memo(4096, 32 << 20)
 # m and m + pp are the same set. tests/test_pipeline_replay.py checks it against the full replay.
 STEADY_FROM_GROUPS = 3  # one group more than the 2 found necessary
 PRUNE_MAX_ROWS = 2048
+DOMINANCE_BLOCK_CELLS = 1 << 20  # cells (row pairs × columns) one block of _maximal_rows compares: 1 MB of bools
 
 
 def steady_microbatches(pp: int, m: int) -> int:
@@ -739,9 +740,9 @@ def _maximal_rows(rows: np.ndarray) -> np.ndarray:
     ``np.unique`` order.
 
     With at most two varying columns, a staircase: by falling x (then falling y) a row is maximal iff
-    its y beats every row before it. Otherwise rows are visited by falling sum (a distinct row can
-    only be dominated by one of larger sum, and domination is transitive) and each is checked against
-    the maximal rows kept so far: O(Q·K) for Q rows of which K are maximal, not O(Q²)."""
+    its y beats every row before it. Otherwise every pair is compared, a block of rows against all of
+    them per numpy call (``DOMINANCE_BLOCK_CELLS`` compared cells at most): O(Q²) cells in O(Q²/cells)
+    calls, where a loop over rows made Q calls."""
     if len(rows) == 0 or rows.shape[1] == 0 or rows.dtype.kind not in "iu":
         rows = np.unique(rows, axis=0)
     else:  # packed into one integer per row: np.unique sorts rows as bytes, seconds for long replays
@@ -756,11 +757,17 @@ def _maximal_rows(rows: np.ndarray) -> np.ndarray:
         order = np.lexsort((-y, -x))
         best_before = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], y[order][:-1])))
         return rows[np.sort(order[y[order] > best_before])]
-    kept: list[int] = []
-    for q in np.argsort(-rows.sum(axis=1), kind="stable").tolist():
-        if not kept or not (rows[kept] >= rows[q]).all(axis=1).any():
-            kept.append(q)
-    return rows[np.sort(kept)]
+    # Distinct rows: one is dominated iff another is >= it everywhere. Compared in blocks of rows against
+    # all of them at once (a Python loop over rows cost most of a cold search's schedule replays).
+    cols = rows[:, varying]  # constant columns never decide
+    dominated = np.zeros(len(cols), dtype=bool)
+    block = max(1, DOMINANCE_BLOCK_CELLS // (len(cols) * cols.shape[1]))
+    for start in range(0, len(cols), block):
+        part = cols[start:start + block]
+        ge = (cols[None, :, :] >= part[:, None, :]).all(axis=2)  # ge[i, j]: row j >= part row i
+        ge[np.arange(len(part)), np.arange(start, start + len(part))] = False  # not itself
+        dominated[start:start + block] = ge.any(axis=1)
+    return rows[~dominated]
 
 
 def _hull_rows(rows: np.ndarray) -> np.ndarray:

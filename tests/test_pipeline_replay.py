@@ -227,3 +227,20 @@ def test_steady_microbatches_keeps_the_residue_and_the_short_schedules():
     for m in (16, 17, 1_000_003, 10**8):
         short = pipeline.steady_microbatches(4, m)
         assert 12 <= short < 16 and short % 4 == m % 4
+
+
+@pytest.mark.parametrize("block_cells", [pipeline.DOMINANCE_BLOCK_CELLS, 7])
+def test_maximal_rows_are_the_rows_no_other_row_dominates(block_cells, monkeypatch):
+    """``_maximal_rows`` against the definition, pair by pair: the distinct rows that no other distinct row
+    is >= everywhere, in np.unique order; one varying column, two (the staircase) and more (the blocks of
+    pairs, several per call with a small block), with constant columns among them."""
+    monkeypatch.setattr(pipeline, "DOMINANCE_BLOCK_CELLS", block_cells)
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        rows = rng.integers(0, int(rng.integers(2, 9)), (int(rng.integers(1, 60)), int(rng.integers(1, 6))))
+        if rows.shape[1] > 1 and rng.random() < 0.3:
+            rows[:, int(rng.integers(rows.shape[1]))] = 5
+        distinct = np.unique(rows, axis=0)
+        expected = [r for r in distinct if not any((o >= r).all() and (o != r).any() for o in distinct)]
+        got = pipeline._maximal_rows(rows)
+        assert got.tolist() == [r.tolist() for r in expected]
