@@ -7,11 +7,12 @@ search's at a few counts (the gap the planning pins cost). Run from the reposito
 Prints per-count plan time (median, max), the total, and per compared count both bests in tokens/s/NPU.
 The full searches take 20–80 s each; ``--compare ''`` skips them.
 
-``--jobs N`` instead times the same plan on one process and on N (``PlanRequest(jobs=N)``, the counts
-searched side by side), measured in the same run, alternating: median wall seconds of ``--repeats`` runs
-each, the speedup, and whether the N-process plan equals the one-process plan (exit 1 if not):
+``--jobs N`` instead times the plan and RL commands below (``--targets``) on one process and on N (``--jobs N``:
+the plan's counts, the RL plan's training searches side by side), each run a whole new process, measured in
+the same run, alternating: median wall seconds of ``--repeats`` runs each, the speedup, and whether the
+N-process result (``--json``, times left out) equals the one-process result (exit 1 if not):
 
-    .venv/bin/python benchmarks/plan.py --jobs 2 [--repeats 3]
+    .venv/bin/python benchmarks/plan.py --jobs 2 [--repeats 3] [--commands plan,rl]
 
 ``--targets`` instead times the README's plan command as a whole process (``paraplan plan`` for Pangu on
 1,024–16,384 NPUs in steps of 512, imports included) against its target, 10 s on one core; ``--rl`` adds
@@ -33,6 +34,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -50,7 +52,6 @@ import hardware_profiles  # noqa: E402
 import model_presets  # noqa: E402
 from search import SearchRequest, run_search  # noqa: E402
 from search.capacity import PlanRequest, run_plan  # noqa: E402
-from proc_usage import cpu_s  # noqa: E402 - benchmarks/proc_usage.py
 
 
 def _without_times(plan: dict) -> dict:
@@ -58,32 +59,52 @@ def _without_times(plan: dict) -> dict:
             "points": [{k: v for k, v in p.items() if k != "search_time_s"} for p in plan["points"]]}
 
 
-def jobs_comparison(spec, profile, jobs: int, repeats: int) -> bool:
-    """The Pangu plan on 1 and on ``jobs`` processes; prints a table; True where the plans are equal."""
-    from costmodel.runtime import tune_allocator
+def _without_run_times(x):
+    """A plan's or RL plan's JSON without its wall-clock fields (they differ between any two runs)."""
+    if isinstance(x, dict):
+        return {k: _without_run_times(v) for k, v in x.items() if not k.endswith("time_s")}
+    if isinstance(x, list):
+        return [_without_run_times(v) for v in x]
+    return x
 
-    tune_allocator()  # as the paraplan entry point and each pool process do
-    walls: dict[int, list[float]] = {1: [], jobs: []}
-    cpus: dict[int, list[float]] = {1: [], jobs: []}
-    plans = {}
-    for _ in range(repeats):
-        for n in (1, jobs):
-            c0 = cpu_s()
-            plans[n] = run_plan(PlanRequest(spec=spec, profile=profile, tokens=19e12, devices_min=1024,
-                                            devices_max=16384, devices_step=512, deadline_days=90,
-                                            framework="mindspeed", jobs=n))
-            walls[n].append(plans[n]["plan_time_s"])
-            cpus[n].append(cpu_s() - c0)
-    same = _without_times(plans[1]) == _without_times(plans[jobs])
-    one, many = statistics.median(walls[1]), statistics.median(walls[jobs])
-    t = Table(title=f"capacity plan on 1 and {jobs} processes, Pangu Ultra MoE 718B × ascend-910b, 1,024–16,384 "
-                    f"step 512 (median of {repeats}, alternating; {os.cpu_count()} cores)", title_justify="left")
-    for col in ("counts", "1 process s", f"{jobs} processes s", "speedup", f"CPU s, 1 / {jobs}", "plan"):
+
+def run_json(args: list[str]) -> tuple[float, dict]:
+    """Wall seconds of ``paraplan ARGS --json`` as a whole process (one BLAS thread per process), and its
+    result without times."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "app.cli", *args, "--json"], cwd=ROOT, check=True, env=env,
+                         capture_output=True, text=True).stdout
+    return time.perf_counter() - started, _without_run_times(json.loads(out))
+
+
+def jobs_comparison(names: list[str], jobs: int, repeats: int) -> bool:
+    """The plan and RL commands (``COMMANDS``) on 1 and on ``jobs`` processes (``--jobs``), each run a whole new
+    process, so that both sides start with empty caches, as a user's command does (a pool's processes always
+    do); prints a table of medians; True where every result on ``jobs`` processes equals the one-process one."""
+    rows, all_same = [], True
+    for name in names:
+        walls: dict[int, list[float]] = {1: [], jobs: []}
+        results = {}
+        for _ in range(repeats):
+            for n in (1, jobs):
+                wall, results[n] = run_json([*COMMANDS[name][0], "--jobs", str(n)])
+                walls[n].append(wall)
+        same = results[1] == results[jobs]
+        all_same &= same
+        one, many = statistics.median(walls[1]), statistics.median(walls[jobs])
+        rows.append((f"paraplan {name}", f"{one:.1f}", f"{many:.1f}", f"{one / many:.2f}x", "equal" if same else "DIFFERENT"))
+    t = Table(title=f"whole commands on 1 and {jobs} processes (--jobs; median of {repeats}, alternating, each run a "
+                    f"new process; {os.cpu_count()} cores)", title_justify="left")
+    for col in ("command", "1 process s", f"{jobs} processes s", "speedup", "result"):
         t.add_column(col, justify="right")
-    t.add_row(str(len(plans[1]["points"])), f"{one:.1f}", f"{many:.1f}", f"{one / many:.2f}x",
-              f"{statistics.median(cpus[1]):.1f} / {statistics.median(cpus[jobs]):.1f}", "equal" if same else "DIFFERENT")
+    for row in rows:
+        t.add_row(*row)
     Console().print(t)
-    return same
+    for name in names:
+        print(f"paraplan {' '.join(COMMANDS[name][0])} --jobs N")
+    return all_same
 
 
 # The commands the speed targets are set on (README, docs/guides/capacity.md and rl.md) and the targets, s.
@@ -160,6 +181,7 @@ def main() -> None:
     ap.add_argument("--compare", default="1024,6144,16384", help="counts to compare with the full search")
     ap.add_argument("--jobs", type=int, default=None, help="compare the plan on 1 and on N processes")
     ap.add_argument("--repeats", type=int, default=3, help="runs per process count (with --jobs)")
+    ap.add_argument("--commands", default="plan,rl", help="with --jobs: which commands to compare (plan, rl)")
     ap.add_argument("--targets", action="store_true", help="time the plan command as a whole process")
     ap.add_argument("--rl", action="store_true", help="with --targets: time the RL command too (implies it)")
     ap.add_argument("--runs", type=int, default=3, help="runs of each command (--targets, --rl)")
@@ -171,9 +193,9 @@ def main() -> None:
     if args.targets or args.rl:
         targets(["plan", "rl"] if args.rl else ["plan"], args.runs)
         return
-    spec, profile = model_presets.load("pangu-ultra-moe-718b"), hardware_profiles.load("ascend-910b")
     if args.jobs is not None:
-        sys.exit(0 if jobs_comparison(spec, profile, args.jobs, args.repeats) else 1)
+        sys.exit(0 if jobs_comparison(args.commands.split(","), args.jobs, args.repeats) else 1)
+    spec, profile = model_presets.load("pangu-ultra-moe-718b"), hardware_profiles.load("ascend-910b")
     plan = run_plan(PlanRequest(spec=spec, profile=profile, tokens=19e12, devices_min=1024, devices_max=16384,
                                 devices_step=512, framework="mindspeed"))
     times = [p["search_time_s"] for p in plan["points"]]

@@ -31,9 +31,10 @@ on a shared machine whose speed drifts:
 
 ``--jobs N`` compares the exhaustive engine on one process and on N (``run_exhaustive(..., jobs=N)``) on the
 same Pangu space, measured in the same run, alternating: the pruned scan (README command 1) and the plain
-full scan (``prune=False``, where scoring is nearly all the work); median wall seconds of ``--repeats``
-runs each, the speedup, and whether the N-process result equals the one-process result in full (exit 1 if
-not):
+full scan (``prune=False``, where scoring is nearly all the work); each run is a new process that builds the
+space untimed, so that both sides start with empty caches (a pool's processes always do); median wall
+seconds of ``--repeats`` runs each, the speedup, and whether the N-process result equals the one-process
+result in full (exit 1 if not):
 
     .venv/bin/python benchmarks/search.py --jobs 2 [--repeats 3] [--scans pruned,plain]
 """
@@ -46,6 +47,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -204,11 +207,13 @@ def readme(runs: int, against: Path | None) -> bool:
     Console(width=200).print(f"command: {' '.join(command)}")
     Console(width=200).print(table)
     return med([w for w, _ in times["this checkout"]]) <= README_TARGET_S
-def jobs_comparison(jobs: int, repeats: int, scans: list[str], top_k: int = 10) -> bool:
-    """The exhaustive engine on 1 and on ``jobs`` processes, on the Pangu space; prints a table of medians and
-    the speedup; True where every result on ``jobs`` processes equals the one-process result."""
+def _one_jobs_run(scan: str, jobs: int, out: Path) -> None:
+    """One timed exhaustive run in this (fresh) process: the pool started and the Pangu space built untimed (as
+    ``run_search`` starts the pool before it builds the space), then ``run_exhaustive`` on ``jobs`` processes;
+    its wall and CPU seconds (pool processes counted), the pool's peak memory and the result, pickled to
+    ``out``."""
     import dataclasses
-
+    import pickle
     from contextlib import nullcontext
 
     from costmodel.runtime import tune_allocator
@@ -217,43 +222,108 @@ def jobs_comparison(jobs: int, repeats: int, scans: list[str], top_k: int = 10) 
     from search.space import build_space
 
     tune_allocator()  # as the paraplan entry point and each pool process do
-
     model, cluster, devices, gbs = CASES["pangu"]
-    space = build_space(model_presets.load(model), hardware_profiles.load(cluster), devices, gbs, framework="mindspeed")
-    table = Table(title=f"exhaustive engine on 1 and {jobs} processes, pangu ({space.size:,} configs, top {top_k}; "
-                        f"median of {repeats}, alternating; {os.cpu_count()} cores)")
+    peak_gib = 0.0
+    with (pool(jobs) if jobs > 1 else nullcontext()) as procs:
+        if procs is not None:
+            procs.warm()  # as run_search does: the processes start while the space is built
+        space = build_space(model_presets.load(model), hardware_profiles.load(cluster), devices, gbs,
+                            framework="mindspeed")
+        t0, c0 = time.perf_counter(), cpu_s()
+        result = run_exhaustive(space, 10, prune=scan == "pruned", procs=procs)
+        wall, cpu = time.perf_counter() - t0, cpu_s() - c0
+        if procs is not None:
+            peak_gib = pool_peak_gib()
+    out.write_bytes(pickle.dumps(dict(wall=wall, cpu=cpu, peak_gib=peak_gib, size=space.size,
+                                      result=dataclasses.asdict(result))))
+
+
+# A run's process loads this file under another name: run as a script, its pool processes would load it again
+# as their main module (optuna included) before their first task, which paraplan's processes do not.
+ONE_RUN = """import importlib.util, pathlib, sys
+sys.path.append(str(pathlib.Path({path!r}).parent))  # proc_usage; after the repository, whose search is the package
+spec = importlib.util.spec_from_file_location("benchmark_search", {path!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+module._one_jobs_run({scan!r}, {n}, pathlib.Path({out!r}))"""
+
+
+SCAN_NAMES = {"pruned": "pruned (README command 1's search)", "plain": "plain full scan (prune=False)",
+              "readme": "README command 1, whole process"}
+
+
+def _without_times(x):
+    """A search result with its wall-clock fields left out (they differ between any two runs)."""
+    if isinstance(x, dict):
+        return {k: _without_times(v) for k, v in x.items() if not k.endswith("time_s")}
+    if isinstance(x, list):
+        return [_without_times(v) for v in x]
+    return x
+
+
+def _readme_run(jobs: int) -> tuple[float, float, dict]:
+    """README command 1 with ``--jobs`` as a whole process (imports, the space's build and the pool's start
+    included; one BLAS thread per process, not pinned): wall s, CPU s, and its ``--json`` result without times."""
+    script = Path(sys.executable).with_name("paraplan")
+    cli = [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run([*cli, *README_ARGS, "--jobs", str(jobs), "--json"], env=env, cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, _without_times(json.loads(out))
+
+
+def jobs_comparison(jobs: int, repeats: int, scans: list[str]) -> bool:
+    """The exhaustive engine on 1 and on ``jobs`` processes, on the Pangu space, each run a new process (so that
+    neither side starts with caches the other filled: a pool's processes always start empty); prints a
+    table of medians and the speedup; True where every result on ``jobs`` processes equals the one-process
+    result."""
+    import pickle
+    import tempfile
+
+    rows, all_same, peak_gib, size = [], True, 0.0, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.pkl"
+        for scan in scans:
+            walls: dict[int, list[float]] = {1: [], jobs: []}
+            cpus: dict[int, list[float]] = {1: [], jobs: []}
+            results = {}
+            for _ in range(repeats):
+                for n in (1, jobs):
+                    if scan == "readme":
+                        wall, cpu, results[n] = _readme_run(n)
+                        walls[n].append(wall)
+                        cpus[n].append(cpu)
+                        continue
+                    subprocess.run([sys.executable, "-c", ONE_RUN.format(path=__file__, scan=scan, n=n, out=str(out))],
+                                   check=True)
+                    run = pickle.loads(out.read_bytes())
+                    walls[n].append(run["wall"])
+                    cpus[n].append(run["cpu"])
+                    results[n], size, peak_gib = run["result"], run["size"], max(peak_gib, run["peak_gib"])
+            same = results[1] == results[jobs]
+            all_same &= same
+            one, many = statistics.median(walls[1]), statistics.median(walls[jobs])
+            scored = results[1]["extra"]["configs_scored"] if scan != "readme" else results[1]["configs_scored"]
+            rows.append((SCAN_NAMES[scan], f"{scored:,}", f"{one:.2f}", f"{many:.2f}", f"{one / many:.2f}x",
+                         f"{statistics.median(cpus[1]):.1f} / {statistics.median(cpus[jobs]):.1f}",
+                         "equal" if same else "DIFFERENT"))
+    table = Table(title=f"exhaustive engine on 1 and {jobs} processes, pangu ({size:,} configs, top 10; median of "
+                        f"{repeats}, alternating, each run a new process; {os.cpu_count()} cores)")
     for col in ("scan", "configs scored", "1 process s", f"{jobs} processes s", "speedup", f"CPU s, 1 / {jobs}",
                 "result"):
         table.add_column(col, justify="left" if col == "scan" else "right")
-    all_same = True
-    peak_gib = 0.0
-    for scan in scans:
-        walls: dict[int, list[float]] = {1: [], jobs: []}
-        cpus: dict[int, list[float]] = {1: [], jobs: []}
-        results = {}
-        for _ in range(repeats):
-            for n in (1, jobs):
-                t0, c0 = time.perf_counter(), cpu_s()
-                with (pool(n) if n > 1 else nullcontext()) as procs:  # as run_exhaustive(jobs=n) makes it
-                    results[n] = run_exhaustive(space, top_k, prune=scan == "pruned", procs=procs)
-                    if procs is not None:
-                        peak_gib = max(peak_gib, pool_peak_gib())
-                walls[n].append(time.perf_counter() - t0)  # the pool's start and its shutdown included
-                cpus[n].append(cpu_s() - c0)
-        same = dataclasses.asdict(results[1]) == dataclasses.asdict(results[jobs])
-        all_same &= same
-        one, many = statistics.median(walls[1]), statistics.median(walls[jobs])
-        table.add_row("pruned (README command 1)" if scan == "pruned" else "plain full scan (prune=False)",
-                      f"{results[1].extra['configs_scored']:,}", f"{one:.2f}", f"{many:.2f}", f"{one / many:.2f}x",
-                      f"{statistics.median(cpus[1]):.1f} / {statistics.median(cpus[jobs]):.1f}",
-                      "equal" if same else "DIFFERENT")
+    for row in rows:
+        table.add_row(*row)
     console = Console(width=200)
     console.print(table)
-    import resource
-
-    console.print(f"peak resident memory: this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} "
-                  f"GiB (the space, the one-process runs), the largest pool process {peak_gib:.2f} GiB (its parts of "
-                  "the rows and their scoring)")
+    console.print(f"peak resident memory of the largest pool process: {peak_gib:.2f} GiB (its parts of the rows and "
+                  "their scoring)")
     return all_same
 
 
@@ -267,7 +337,8 @@ def main() -> None:
     ap.add_argument("--against", type=Path, help="--readme: another checkout to time in turn with this one")
     ap.add_argument("--jobs", type=int, default=None, help="compare the exhaustive engine on 1 and on N processes")
     ap.add_argument("--repeats", type=int, default=3, help="runs per process count (with --jobs)")
-    ap.add_argument("--scans", default="pruned,plain", help="which scans to compare (with --jobs)")
+    ap.add_argument("--scans", default="readme,pruned,plain",
+                    help="which scans to compare (with --jobs): readme (the whole command), pruned, plain")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=500, help="trials per sampler run")
     ap.add_argument("--cases", default="pangu,dsv3,llama")
