@@ -278,15 +278,17 @@ def _pooled_point(args: tuple[PlanRequest, int]) -> dict:
 def run_plan(req: PlanRequest, progress: ProgressFn | None = None, check: Callable[[], None] | None = None) -> dict:
     """The plan: one point per device count (``plan_point``), the Pareto front and the chosen count.
     ``progress(done, total)`` counts device counts; ``check()`` may raise to stop (a cancelled job).
-    ``req.jobs`` > 1: the counts are searched by that many processes at once (each count one search in one
-    process), the points kept in the order of the counts; ``check()`` runs here between results."""
+    ``req.jobs`` > 1: the counts are searched by that many processes at once, this one among them (each count
+    one search in one process), the points kept in the order of the counts; ``check()`` runs here between
+    results."""
     started = time.perf_counter()
     req = req.resolved()
     node = int(req.profile.fact("devices_per_node"))
     counts = device_counts(req.devices_min, req.devices_max, req.devices_step, node)
     if req.jobs > 1:
         points = map_ordered(req.jobs, _pooled_point, [(req, n) for n in counts], check,
-                             None if progress is None else lambda done: progress(done, len(counts)))
+                             None if progress is None else lambda done: progress(done, len(counts)),
+                             local=lambda item: plan_point(item[0], item[1], check))
     else:
         points = []
         for i, devices in enumerate(counts):

@@ -356,13 +356,14 @@ class _Run:
         return None if self.min_key is None else self.min_key[2:]
 
     def parallel_bounds(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """``_row_bounds`` of the space, its rows split among the pool's processes in parts of at most about
-        ``batch_size`` rows (each row's bound is its own: the same numbers as in one process; a process's
-        memory stays that of one part however large the space)."""
+        """``_row_bounds`` of the space, its rows split in parts of at most about ``batch_size`` rows shared
+        between the pool's processes and this one (``Pool.map_shared``; each row's bound is its own: the same
+        numbers as in one process; a process's memory stays that of one part however large the space)."""
         n = len(self.space.parallel["tp"])
         parts = _parts(np.arange(n), np.ones(n, dtype=np.int64), max(self.procs.jobs, -(-n // batch_size)))
-        futures = [self.procs.submit(_bounds_part, part_of(self.space, part)) for part in parts]
-        pairs = [self.procs.result(f, self.check) for f in futures]
+        # about batch_size rows or fewer: one _chunk_bounds call here (a row's bound does not depend on its batch)
+        pairs = self.procs.map_shared(_bounds_part, lambda part: _chunk_bounds(self.space, part), parts, self.check,
+                                      pack=lambda part: part_of(self.space, part))
         return np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])
 
     def cut_tokens(self) -> float | None:
@@ -425,15 +426,17 @@ class _Run:
 
     def _score_group(self, group: np.ndarray, mask: np.ndarray, starts: np.ndarray) -> list[_Chunk]:
         """The group's chunks scored, in row order: in this process (without a pool, or a group smaller than
-        ``POOL_MIN_PAIRS``), or split among the pool's processes (each part sent with its rows of the space)
-        and all of them awaited."""
+        ``POOL_MIN_PAIRS``), or split in one part per worker, this process scoring the first and each pool
+        process one of the others (sent with its rows of the space), all of them awaited."""
         args = (len(self.shapes), self.top_k, self.margin_gib)
         if self.procs is None or int(mask[group].sum()) < POOL_MIN_PAIRS:
             return [_score_rows(self.space, group, mask[group], starts[group], self.layout_of_row[group], *args)]
         parts = _parts(group, mask[group].sum(axis=1), self.procs.jobs)
+        # the pool's processes take every part but the first, this process that one (parts of equal pairs)
         futures = [self.procs.submit(_score_part, part_of(self.space, part), mask[part], starts[part],
-                                     self.layout_of_row[part], *args) for part in parts]
-        return [self.procs.result(f, self.check).on_rows(part) for part, f in zip(parts, futures)]
+                                     self.layout_of_row[part], *args) for part in parts[1:]]
+        own = _score_rows(self.space, parts[0], mask[parts[0]], starts[parts[0]], self.layout_of_row[parts[0]], *args)
+        return [own] + [self.procs.result(f, self.check).on_rows(part) for part, f in zip(parts[1:], futures)]
 
     def _absorb(self, chunk: _Chunk, keeps: list | None) -> None:
         """Add one scored chunk to the kept set and the counts, and report progress."""

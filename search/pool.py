@@ -1,12 +1,14 @@
 """The process pool behind ``--jobs N`` (and the worker's ``PARAPLAN_WORKER_JOBS``): N processes that
 score chunks of one exhaustive search, or run a plan's device counts and an RL search's training
-searches side by side.
+searches side by side. The caller is one of the N: it works beside N − 1 pool processes (its imports and
+caches are already warm, and a pool process starts with empty ones), so ``--jobs 2`` starts one process.
 
 The standard library's ``ProcessPoolExecutor`` under the ``forkserver`` start method (``spawn`` where
 the platform has no forkserver): a child starts from a clean server process, never by forking the
-caller, so a threaded caller (the service's embedded worker, the API's threads) is safe, and the server
-imports numpy and the cost model once (``set_forkserver_preload``), so each child starts in tens of
-milliseconds. ``jobs == 1`` never creates a pool: the callers run in-process as they always have.
+caller, so a threaded caller (the service's embedded worker, the API's threads) is safe. The server
+preloads nothing: a child imports numpy and the cost model itself (about 0.3 s) while the caller works,
+where a preload made the caller wait for the server's imports before its first process could start.
+``jobs == 1`` never creates a pool: the callers run in-process as they always have.
 
 Cancellation: the caller's ``check`` runs in the parent between results (and every ``POLL_S`` while it
 waits); when it raises, queued tasks are cancelled and a shared event tells the running ones to stop
@@ -23,7 +25,6 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 POLL_S = 0.2  # how often the parent runs the caller's check while it waits for a result
-PRELOAD = ["numpy", "costmodel", "search.engine", "search.capacity", "search.rl"]  # what the forkserver imports once
 
 _stop = None  # the child's stop event (set by ``_init``)
 
@@ -54,26 +55,24 @@ def worker_check() -> None:
 
 def _context():
     methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(PRELOAD)
-    return ctx
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
 class Pool:
-    """N processes and the stop event they share; use as a context manager (``pool(jobs)``)."""
+    """``jobs`` workers: the caller and ``jobs − 1`` processes, with the stop event they share; use as a context
+    manager (``pool(jobs)``, ``jobs`` ≥ 2)."""
 
     def __init__(self, jobs: int):
         ctx = _context()
         self.jobs = jobs
         self.stop = ctx.Event()
-        self.executor = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init,
+        self.executor = ProcessPoolExecutor(max_workers=jobs - 1, mp_context=ctx, initializer=_init,
                                             initargs=(self.stop,))
 
     def warm(self) -> None:
         """Start the processes now (the forkserver's imports included) without waiting for them, so that they
         start while the caller does other work (a search building its space)."""
-        for _ in range(self.jobs):
+        for _ in range(self.jobs - 1):
             self.executor.submit(_ready)
 
     def submit(self, fn: Callable, *args) -> Future:
@@ -92,6 +91,43 @@ class Pool:
         """``future``'s result, running ``check()`` every ``POLL_S`` while it waits."""
         self.wait_any([future], check)
         return future.result()
+
+    def map_shared(self, remote: Callable, local: Callable, items: list, check: Callable[[], None] | None = None,
+                   on_result: Callable[[int], None] | None = None, pack: Callable | None = None) -> list:
+        """``[local(item) for item in items]``, the work shared between the pool's processes, which run
+        ``remote(item)`` (a module-level function: it is pickled by name) from the first item on, and the
+        caller, which runs ``local(item)`` from the last item back while the processes have not started it:
+        they meet in the middle, so nobody waits while work is left. ``remote`` and ``local`` must give the
+        same result; ``pack(item)``, where given, is what a process is sent for an item instead. ``check()``
+        runs between the caller's items and while it waits; ``on_result(done)`` as each result arrives
+        (``done``: results so far)."""
+        out: list = [None] * len(items)
+        futures = {self.submit(remote, item if pack is None else pack(item)): i for i, item in enumerate(items)}
+        by_index = {i: f for f, i in futures.items()}
+        done = 0
+
+        def collect(finished) -> None:
+            nonlocal done
+            for f in finished:
+                out[futures.pop(f)] = f.result()
+                done += 1
+                if on_result is not None:
+                    on_result(done)
+
+        for i in range(len(items) - 1, -1, -1):
+            if check is not None:
+                check()
+            collect([f for f in futures if f.done()])
+            if not by_index[i].cancel():  # a process has it (running, or queued to run next): the rest are theirs
+                break
+            futures.pop(by_index[i])
+            out[i] = local(items[i])
+            done += 1
+            if on_result is not None:
+                on_result(done)
+        while futures:
+            collect(self.wait_any(list(futures), check))
+        return out
 
     def close(self) -> None:
         """Cancel what is queued, tell what still runs to stop (``worker_check``), wait for the processes."""
@@ -112,21 +148,13 @@ def pool(jobs: int) -> Iterator[Pool]:
 
 
 def map_ordered(jobs: int, fn: Callable, items: list, check: Callable[[], None] | None = None,
-                on_result: Callable[[int], None] | None = None) -> list:
-    """``[fn(item) for item in items]`` on ``jobs`` processes: results in the order of ``items``;
-    ``on_result(done)`` as each finishes (``done``: results so far) and ``check()`` between them.
+                on_result: Callable[[int], None] | None = None, local: Callable | None = None) -> list:
+    """``[fn(item) for item in items]`` on ``jobs`` workers, this process one of them (``Pool.map_shared``;
+    ``local``: what this process runs for an item, ``fn`` itself when None): results in the order of
+    ``items``; ``on_result(done)`` as each finishes (``done``: results so far) and ``check()`` between them.
     ``fn`` must be a module-level function (it is pickled by name)."""
-    out: list = [None] * len(items)
     with pool(jobs) as p:
-        pending = {p.submit(fn, item): i for i, item in enumerate(items)}
-        done = 0
-        while pending:
-            for fut in p.wait_any(list(pending), check):
-                out[pending.pop(fut)] = fut.result()
-                done += 1
-                if on_result is not None:
-                    on_result(done)
-    return out
+        return p.map_shared(fn, fn if local is None else local, items, check, on_result)
 
 
 def validate_jobs(jobs) -> int:

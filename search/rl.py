@@ -191,25 +191,49 @@ def _pooled_colocated(req: RLRequest) -> dict | None:
 
 
 class _Ahead:
-    """The splits a pool searches ahead of the in-order sweep: up to one per process, in the sweep's order,
-    only splits the sweep may still reach (their bound below the best step so far); the sweep takes each
-    split's plan from here, so it decides exactly as one process would, and what it never asks for is
-    dropped when the pool closes."""
+    """The splits searched ahead of the in-order sweep, only splits the sweep may still reach (their bound
+    below the best step so far), in the sweep's order: the pool's processes take the next ones, one each,
+    and while the sweep waits for one of theirs, this process searches the next one not yet taken. The
+    sweep takes each split's plan from here, so it decides exactly as one process would; what it never asks
+    for is dropped (the pool's when it closes)."""
 
-    def __init__(self, procs: Pool, req: RLRequest, order: list[int], bounds: dict[int, float]):
-        self.procs, self.req, self.order, self.bounds = procs, req, order, bounds
-        self.futures: dict = {}
-        self.next = 0
+    def __init__(self, procs: Pool, req: RLRequest, hw: Hardware, order: list[int], bounds: dict[int, float]):
+        self.procs, self.req, self.hw, self.order, self.bounds = procs, req, hw, order, bounds
+        self.futures: dict = {}  # split -> its search on a pool process
+        self.searched: dict = {}  # split -> its plan, searched here ahead of the sweep
+        self.next = 0  # the first split of the order not yet taken
+
+    def _take(self, best: dict | None) -> int | None:
+        """The next split not yet taken, if the sweep may reach it."""
+        if self.next >= len(self.order):
+            return None
+        r = self.order[self.next]
+        if not np.isfinite(self.bounds[r]) or (best is not None and self.bounds[r] >= best["step_time_s"]):
+            return None  # the sweep stops here or before: the bounds only grow along it
+        self.next += 1
+        return r
+
+    def _fill(self, best: dict | None) -> None:
+        """Give each pool process a split to search."""
+        while len(self.futures) < self.procs.jobs - 1 and (r := self._take(best)) is not None:
+            self.futures[r] = self.procs.submit(_pooled_split, (self.req, r))
 
     def plan(self, at: int, best: dict | None, check: CheckFn | None) -> dict | None:
-        """The plan of split ``order[at]``, with the splits after it started while processes are free."""
-        while self.next < min(len(self.order), at + self.procs.jobs):
-            r = self.order[self.next]
-            if not np.isfinite(self.bounds[r]) or (best is not None and self.bounds[r] >= best["step_time_s"]):
-                break  # the sweep stops here or before: the bounds only grow along it
-            self.futures[r] = self.procs.submit(_pooled_split, (self.req, r))
-            self.next += 1
-        return self.procs.result(self.futures.pop(self.order[at]), check)
+        """The plan of split ``order[at]`` (which the sweep reaches), the next splits started meanwhile."""
+        r = self.order[at]
+        if self.next <= at:  # not taken yet: it is the sweep's next, searched here
+            self.next = at + 1
+            self._fill(best)
+            return best_split_plan(self.req, self.hw, r, check)
+        if r in self.searched:
+            plan = self.searched.pop(r)
+            self._fill(best)
+            return plan
+        future = self.futures.pop(r)
+        self._fill(best)
+        while not future.done() and (q := self._take(best)) is not None:
+            self.searched[q] = best_split_plan(self.req, self.hw, q, check)
+        return self.procs.result(future, check)
 
 
 def best_disaggregated(req: RLRequest, progress: ProgressFn | None = None, done: int = 0,
@@ -217,15 +241,15 @@ def best_disaggregated(req: RLRequest, progress: ProgressFn | None = None, done:
                        procs: Pool | None = None) -> tuple[dict | None, list[dict]]:
     """The best disaggregated plan, searching splits in the order of their lower bounds and stopping
     where the bound reaches the best step found. Returns the plan and one row per split. With ``procs``
-    (a ``search.pool.Pool``) the next splits are searched ahead on its processes (``_Ahead``): the same
-    plan and rows."""
+    (a ``search.pool.Pool``) the next splits are searched ahead on its processes and, while the sweep waits
+    for them, in this one (``_Ahead``): the same plan and rows."""
     hw = Hardware.from_profile(req.profile)
     bounds = {r: split_lower_bound_s(req, hw, r) for r in splits(req, hw)}
     rows = {r: {"rollout_devices": r, "train_devices": req.devices - r, "lower_bound_s": b, "searched": False,
                 "step_time_s": None} for r, b in bounds.items()}
     best = None
     order = sorted(bounds, key=bounds.get)
-    ahead = None if procs is None else _Ahead(procs, req, order, bounds)
+    ahead = None if procs is None else _Ahead(procs, req, hw, order, bounds)
     for at, r in enumerate(order):
         if not np.isfinite(bounds[r]) or (best is not None and bounds[r] >= best["step_time_s"]):
             break

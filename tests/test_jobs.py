@@ -113,6 +113,20 @@ def test_small_groups_stay_in_the_calling_process(monkeypatch):
         assert ("_score_part" in sent) == split
 
 
+def test_the_caller_shares_the_work_from_the_last_item_back():
+    """``Pool.map_shared``: the pool's process takes the items from the first on, the caller from the last back
+    while the process has not started them; every result in the order of the items."""
+    import time
+
+    taken: list[int] = []
+    items = [(i, 0.05) for i in range(40)]
+    with search.pool.pool(2) as p:  # the caller and one process
+        out = p.map_shared(time.sleep, lambda item: taken.append(item[0]), items, pack=lambda item: item[1])
+    assert out == [None] * len(items)
+    assert 0 < len(taken) < len(items), "both the caller and the process must have taken items"
+    assert taken == list(range(len(items) - 1, len(items) - 1 - len(taken), -1))
+
+
 def test_plan_on_two_processes_equals_one(pools):
     req = dict(spec=model_presets.load("gpt-1.3b"), profile=hardware_profiles.load("nvidia-a100-80gb"), tokens=26e9,
                devices_min=8, devices_max=48, devices_step=8, deadline_days=1.5, framework="megatron")
