@@ -231,7 +231,10 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     """Score every config of ``b`` for ``spec`` on ``devices`` devices of ``profile``.
 
     Invalid configs get finite placeholder numbers, masked by ``valid``; nothing raises for a bad
-    config. ``all_stages`` keeps every pipeline stage in the per-stage arrays (for reports);
+    config. A batch of at least ``GROUP_MIN_CONFIGS`` configs does not score its invalid configs: every
+    number of theirs (times, bytes, throughputs, MFU/HFU, per-stage arrays, the peak's rank) is
+    ``UNSCORED`` (0). A smaller batch (one config included) scores them like the valid ones, its
+    formulas' numbers for a config that cannot run. ``all_stages`` keeps every pipeline stage in the per-stage arrays (for reports);
     ``keep_stages=False`` returns no per-stage arrays at all (searches: only the peak matters, and
     not writing (N, K) outputs saves a fifth of the time). ``hw``: the profile's hardware with its
     efficiency factors given per config (arrays of len(b)), to score many candidate factor sets in
@@ -243,7 +246,7 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     broken["pipeline_split"] = ~st.valid
     valid = ~np.logical_or.reduce(list(broken.values()))
 
-    scored = _score_in_groups(spec, hw, devices, b, st, keep_stages)
+    scored = _score_in_groups(spec, hw, devices, b, st, keep_stages, valid)
     for key in STAGE_KEYS:
         scored.setdefault(key, None)
     layer_act = tuple(scored.pop(f"layer_act_{u}_bytes") for u in ("dense", "moe", "mtp"))
@@ -258,45 +261,98 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
                        pp=b.pp, vpp=b.vpp, schedule=b.schedule)
 
 
-def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch,
-                     st: pipeline.StageSet, keep_stages: bool = True) -> dict:
+def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
+                     keep_stages: bool = True, valid: np.ndarray | None = None) -> dict:
+    """The scored outputs of ``b`` (``_score``'s keys, the times flattened as ``time.<key>``). A batch of
+    at least ``GROUP_MIN_CONFIGS`` configs scores only its ``valid`` ones (all when None): sorted once by
+    stage count, so that every chunk is a slice of one gathered batch, and written back in batch order
+    at the end; the others keep ``UNSCORED`` (0). A smaller batch is scored whole."""
     n, K = len(st.split_index), st.split_comp_table.shape[1]
     if n < GROUP_MIN_CONFIGS:
         return _drop_stages(_score(spec, hw, devices, b, st, st.split_index, K), keep_stages)
-    counts = st.split_stage_count[st.split_index]
+    scored = np.arange(n) if valid is None else np.flatnonzero(valid)
+    counts = st.split_stage_count[st.split_index[scored]]
+    by_count = np.argsort(counts, kind="stable")  # batch order within a stage count: gathers stream
+    order = scored[by_count]
+    if not len(order):  # nothing to score: one config's outputs give the keys, shapes and dtypes
+        first = np.zeros(1, dtype=np.intp)
+        return _placeholders(_drop_stages(_score(spec, _take_rows(hw, first, n), devices, b.take(first), st,
+                                                 st.split_index[:1], K), keep_stages), n, K)
+    nv = len(order)
+    bs, hs, split = _take_configs(b, order, _constant_columns(b)), _take_rows(hw, order, n), st.split_index[order]
     # Layer costs depend on few columns: score each distinct combination of their inputs once.
-    dp, m = _dp_and_microbatches(devices, b)
-    ctx, head_weights = _layer_inputs(spec, hw, b, _shapes(spec, b, dp))
-    distinct = _distinct_layer_inputs(b, ctx, head_weights)
+    dp, m = _dp_and_microbatches(devices, bs)
+    ctx, head_weights = _layer_inputs(spec, hs, bs, _shapes(spec, bs, dp))
+    distinct = _distinct_layer_inputs(bs, ctx, head_weights)
     if distinct is not None:
         member, inverse = distinct
-        costs = _CostTable(_layer_costs(spec, _take_fields(ctx, member, n, {}), head_weights[member]),
-                           min(n, CHUNK_CONFIGS))
-    full_layers = _recomputed_layers_total(spec, b, st.split_index, st.split_comps)
-    constant = _constant_columns(b)
+        costs = _CostTable(_layer_costs(spec, _take_fields(ctx, member, nv, {}), head_weights[member]),
+                           min(nv, CHUNK_CONFIGS))
+    full_layers = _recomputed_layers_total(spec, bs, split, st.split_comps)
     # The replayed schedules of uneven chunks, tabled once for the batch rather than per chunk.
-    replay = _replay_tables(st, st.split_index, m) if st.split_uneven_table.any() else None
-    out: dict = {}
+    replay = _replay_tables(st, split, m) if st.split_uneven_table.any() else None
+    sorted_out: dict = {}  # the outputs in ``order``
+    bounds = np.cumsum(np.bincount(counts))  # the stage-count groups' ends in ``order``
     for k in np.flatnonzero(np.bincount(counts)).tolist():
-        members = np.flatnonzero(counts == k)  # in batch order: gathers and scatters stream
-        for start in range(0, len(members), CHUNK_CONFIGS):
-            idx = members[start:start + CHUNK_CONFIGS]
-            part = _drop_stages(_score(spec, hw, devices, _take_configs(b, idx, constant), st, st.split_index[idx], k,
-                                       None if distinct is None else costs.take(inverse[idx]), full_layers[idx],
-                                       None if replay is None else (replay, replay.inverse[idx])),
+        for start in range(bounds[k - 1] if k else 0, bounds[k], CHUNK_CONFIGS):
+            sl = slice(start, min(start + CHUNK_CONFIGS, bounds[k]))
+            part = _drop_stages(_score(spec, _rows_of(hs, sl, nv), devices, _rows_of(bs, sl, nv), st, split[sl], k,
+                                       None if distinct is None else costs.take(inverse[sl]), full_layers[sl],
+                                       None if replay is None else (replay, replay.inverse[sl])),
                                 keep_stages)
             part.update({"time." + key: v for key, v in part.pop("time").items()})
-            if not out:  # the outputs as rows of a few large blocks: fewer, larger page faults
-                out = _output_rows(part, n, K)
+            if not sorted_out:  # the outputs as rows of a few large blocks: fewer, larger page faults
+                sorted_out = _output_rows(part, nv, K, np.empty)
             for key, v in part.items():
                 if v.ndim == 2:  # per stage, (N, k) views of (k, N) rows: pad as the stage sets do
-                    for j in range(K):
-                        out[key][j, idx] = v[:, min(j, k - 1)]
+                    sorted_out[key][:k, sl] = v.T
+                    sorted_out[key][k:, sl] = v.T[k - 1]
                     continue
-                out[key][idx] = v
+                sorted_out[key][sl] = v
+    return _in_batch_order(sorted_out, order, n, K)
+
+
+# What a config of a large batch that is not scored (structurally invalid) holds in every output:
+# times, bytes, throughputs, utilisations and the peak's rank all 0.
+UNSCORED = 0
+
+
+def _in_batch_order(sorted_out: dict, order: np.ndarray, n: int, K: int) -> dict:
+    """Outputs of the configs ``order`` (rows of ``sorted_out``) as outputs of the whole batch of ``n``,
+    the configs not in ``order`` at ``UNSCORED``; per-stage ones transposed to (n, K)."""
+    out = _output_rows(sorted_out, n, K, np.zeros)
+    for key, v in sorted_out.items() if len(order) else ():
+        for row, sorted_row in zip(out[key].reshape(-1, n), v.reshape(-1, len(order))):
+            row[order] = sorted_row  # one contiguous scatter per row
     out = {key: v.T if v.ndim == 2 else v for key, v in out.items()}
     out["time"] = {key: out.pop("time." + key) for key in TIME_KEYS}
     return out
+
+
+def _placeholders(part: dict, n: int, K: int) -> dict:
+    """Outputs shaped like ``part``'s (one config's) for ``n`` configs, all ``UNSCORED``."""
+    part.update({"time." + key: v for key, v in part.pop("time").items()})
+    return _in_batch_order(_output_rows({key: v.T if v.ndim == 2 else v for key, v in part.items()}, 0, K, np.empty),
+                           np.zeros(0, dtype=np.intp), n, K)
+
+
+def _take_rows(obj, idx: np.ndarray, n: int):
+    """Dataclass ``obj`` (a Hardware whose efficiency factors may be arrays of one value per config of a
+    batch of ``n``) for the configs ``idx``: its (n,) array fields gathered; ``obj`` itself when it has
+    none (so that its derived values stay cached)."""
+    changes = {f.name: v.take(idx) for f in fields(obj)
+               if isinstance(v := getattr(obj, f.name), np.ndarray) and v.shape == (n,)}
+    return replace(obj, **changes) if changes else obj
+
+
+def _rows_of(obj, sl: slice, n: int):
+    """Dataclass ``obj`` (a ConfigBatch or Hardware of ``n`` configs) for the configs of slice ``sl``:
+    views of its (n,) array fields; ``obj`` itself when the slice is all of it or it has none."""
+    if sl.start == 0 and sl.stop == n:
+        return obj
+    changes = {f.name: v[sl] for f in fields(obj)
+               if isinstance(v := getattr(obj, f.name), np.ndarray) and v.shape == (n,)}
+    return replace(obj, **changes) if changes else obj
 
 
 _BATCH_COLUMNS = tuple(f.name for f in fields(ConfigBatch) if f.name != "layouts")
@@ -315,16 +371,13 @@ def _constant_columns(b: ConfigBatch) -> set[str]:
 
 
 def _take_configs(b: ConfigBatch, idx: np.ndarray, constant: set[str]) -> ConfigBatch:
-    """``b.take(idx)``, where a ``constant`` column is a read-only slice of its first ``len(idx)`` entries
+    """``b.take(idx)``, read-only, where a ``constant`` column is a slice of its first ``len(idx)`` entries
     (the same values) instead of a gather: about half the columns of a search's batch."""
     kw = {}
     for name in _BATCH_COLUMNS:
         v = getattr(b, name)
-        if name in constant:
-            v = v[:len(idx)]
-            v.flags.writeable = False
-        else:
-            v = v.take(idx)
+        v = v[:len(idx)] if name in constant else v.take(idx)
+        v.flags.writeable = False  # chunks are views of it: scoring never writes a column
         kw[name] = v
     return ConfigBatch(**kw, layouts=b.layouts)
 
@@ -336,15 +389,15 @@ def _drop_stages(part: dict, keep_stages: bool) -> dict:
     return part
 
 
-def _output_rows(part: dict, n: int, K: int) -> dict:
-    """Empty outputs shaped like ``part``'s for ``n`` configs and ``K`` stages, as rows of one block
-    per dtype and rank."""
+def _output_rows(part: dict, n: int, K: int, alloc=np.empty) -> dict:
+    """Outputs shaped like ``part``'s for ``n`` configs and ``K`` stages (``alloc``: ``np.empty`` or
+    ``np.zeros``), as rows of one block per dtype and rank."""
     groups: dict = {}
     for key, v in part.items():
         groups.setdefault((v.dtype, v.ndim), []).append(key)
     out = {}
     for (dtype, ndim), keys in groups.items():
-        block = np.empty((len(keys), K, n) if ndim == 2 else (len(keys), n), dtype=dtype)
+        block = alloc((len(keys), K, n) if ndim == 2 else (len(keys), n), dtype=dtype)
         out.update(zip(keys, block))
     return out
 
