@@ -219,6 +219,12 @@ def _all_finite(*arrays) -> bool:
 # nor the chunk size changes them.
 GROUP_MIN_CONFIGS = 4096
 CHUNK_CONFIGS = 32768
+# A chunk's fixed cost (its numpy calls: about 2.5 ms for a MoE model) is about that of scoring 12,000
+# more config-stages (about 0.2 µs each), measured on the costmodel benchmark's batches. A small group
+# is scored with the stages of the next deeper one where that padding costs less than the chunks it
+# saves: the stage sets repeat a split's last stage up to any depth, and a copy computes the same
+# numbers as its original (the peak, the first of equal maxima, stays on the original).
+CHUNK_FIXED_CONFIG_STAGES = 12_000
 
 
 STAGE_KEYS = ("stage_peak_bytes", "stage_states_bytes", "stage_act_microbatch_bytes", "stage_fixed_bytes",
@@ -265,8 +271,8 @@ def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch
                      keep_stages: bool = True, valid: np.ndarray | None = None) -> dict:
     """The scored outputs of ``b`` (``_score``'s keys, the times flattened as ``time.<key>``). A batch of
     at least ``GROUP_MIN_CONFIGS`` configs scores only its ``valid`` ones (all when None): sorted once by
-    stage count, so that every chunk is a slice of one gathered batch, and written back in batch order
-    at the end; the others keep ``UNSCORED`` (0). A smaller batch is scored whole."""
+    stage count, so that every chunk (``_chunk_plan``) is a slice of one gathered batch, its outputs
+    written to their configs' places; the others keep ``UNSCORED`` (0). A smaller batch is scored whole."""
     n, K = len(st.split_index), st.split_comp_table.shape[1]
     if n < GROUP_MIN_CONFIGS:
         return _drop_stages(_score(spec, hw, devices, b, st, st.split_index, K), keep_stages)
@@ -279,6 +285,8 @@ def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch
         return _placeholders(_drop_stages(_score(spec, _take_rows(hw, first, n), devices, b.take(first), st,
                                                  st.split_index[:1], K), keep_stages), n, K)
     nv = len(order)
+    ks = np.flatnonzero(np.bincount(counts))
+    plan = _chunk_plan(ks.tolist(), np.bincount(counts)[ks].tolist())
     bs, hs, split = _take_configs(b, order, _constant_columns(b)), _take_rows(hw, order, n), st.split_index[order]
     # Layer costs depend on few columns: score each distinct combination of their inputs once.
     dp, m = _dp_and_microbatches(devices, bs)
@@ -287,29 +295,50 @@ def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch
     if distinct is not None:
         member, inverse = distinct
         costs = _CostTable(_layer_costs(spec, _take_fields(ctx, member, nv, {}), head_weights[member]),
-                           min(nv, CHUNK_CONFIGS))
+                           max(stop - start for _, start, stop in plan))
     full_layers = _recomputed_layers_total(spec, bs, split, st.split_comps)
     # The replayed schedules of uneven chunks, tabled once for the batch rather than per chunk.
     replay = _replay_tables(st, split, m) if st.split_uneven_table.any() else None
-    sorted_out: dict = {}  # the outputs in ``order``
-    bounds = np.cumsum(np.bincount(counts))  # the stage-count groups' ends in ``order``
-    for k in np.flatnonzero(np.bincount(counts)).tolist():
-        for start in range(bounds[k - 1] if k else 0, bounds[k], CHUNK_CONFIGS):
-            sl = slice(start, min(start + CHUNK_CONFIGS, bounds[k]))
-            part = _drop_stages(_score(spec, _rows_of(hs, sl, nv), devices, _rows_of(bs, sl, nv), st, split[sl], k,
-                                       None if distinct is None else costs.take(inverse[sl]), full_layers[sl],
-                                       None if replay is None else (replay, replay.inverse[sl])),
-                                keep_stages)
-            part.update({"time." + key: v for key, v in part.pop("time").items()})
-            if not sorted_out:  # the outputs as rows of a few large blocks: fewer, larger page faults
-                sorted_out = _output_rows(part, nv, K, np.empty)
-            for key, v in part.items():
-                if v.ndim == 2:  # per stage, (N, k) views of (k, N) rows: pad as the stage sets do
-                    sorted_out[key][:k, sl] = v.T
-                    sorted_out[key][k:, sl] = v.T[k - 1]
-                    continue
-                sorted_out[key][sl] = v
-    return _in_batch_order(sorted_out, order, n, K)
+    out: dict = {}
+    for k, start, stop in plan:
+        sl = slice(start, stop)
+        part = _drop_stages(_score(spec, _rows_of(hs, sl, nv), devices, _rows_of(bs, sl, nv), st, split[sl], k,
+                                   None if distinct is None else costs.take(inverse[sl]), full_layers[sl],
+                                   None if replay is None else (replay, replay.inverse[sl])),
+                            keep_stages)
+        part.update({"time." + key: v for key, v in part.pop("time").items()})
+        if not out:  # the outputs as rows of a few large blocks: fewer, larger page faults
+            out = _output_rows(part, n, K, np.zeros)
+        idx = order[sl]
+        for key, v in part.items():
+            if v.ndim == 2:  # per stage, (N, k) views of (k, N) rows: pad as the stage sets do
+                for j in range(K):
+                    out[key][j, idx] = v[:, min(j, k - 1)]
+                continue
+            out[key][idx] = v
+    return _as_outputs(out)
+
+
+def _chunk_plan(ks: list[int], sizes: list[int]) -> list[tuple[int, int, int]]:
+    """The chunks (stages scored, start, stop) of configs sorted by stage count, ``sizes[g]`` of them with
+    ``ks[g]`` stages (ascending): consecutive groups merged into the deepest of them where the padded
+    stages cost less than the chunks saved (``CHUNK_FIXED_CONFIG_STAGES``, by dynamic programming over
+    the groups), each merged group cut into ``round(configs / CHUNK_CONFIGS)`` (at least one) equal chunks."""
+    starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    n_chunks = lambda i, j: max(1, round((starts[j] - starts[i]) / CHUNK_CONFIGS))  # noqa: E731  groups i..j-1
+    best, cut = [0.0] + [float("inf")] * len(ks), [0] * (len(ks) + 1)
+    for j in range(1, len(ks) + 1):  # best[j]: the cheapest plan of the first j groups
+        for i in range(j):
+            cost = best[i] + CHUNK_FIXED_CONFIG_STAGES * n_chunks(i, j) + (starts[j] - starts[i]) * ks[j - 1]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    plan, j = [], len(ks)
+    while j:
+        i = cut[j]
+        edges = np.linspace(starts[i], starts[j], n_chunks(i, j) + 1).round().astype(int).tolist()
+        plan[:0] = [(ks[j - 1], a, b) for a, b in zip(edges, edges[1:])]
+        j = i
+    return plan
 
 
 # What a config of a large batch that is not scored (structurally invalid) holds in every output:
@@ -317,14 +346,9 @@ def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch
 UNSCORED = 0
 
 
-def _in_batch_order(sorted_out: dict, order: np.ndarray, n: int, K: int) -> dict:
-    """Outputs of the configs ``order`` (rows of ``sorted_out``) as outputs of the whole batch of ``n``,
-    the configs not in ``order`` at ``UNSCORED``; per-stage ones transposed to (n, K)."""
-    out = _output_rows(sorted_out, n, K, np.zeros)
-    for key, v in sorted_out.items() if len(order) else ():
-        for row, sorted_row in zip(out[key].reshape(-1, n), v.reshape(-1, len(order))):
-            row[order] = sorted_row  # one contiguous scatter per row
-    out = {key: v.T if v.ndim == 2 else v for key, v in out.items()}
+def _as_outputs(rows: dict) -> dict:
+    """``_score``'s outputs from output rows (``_output_rows``): per-stage ones as (n, K), the times in a dict."""
+    out = {key: v.T if v.ndim == 2 else v for key, v in rows.items()}
     out["time"] = {key: out.pop("time." + key) for key in TIME_KEYS}
     return out
 
@@ -332,8 +356,7 @@ def _in_batch_order(sorted_out: dict, order: np.ndarray, n: int, K: int) -> dict
 def _placeholders(part: dict, n: int, K: int) -> dict:
     """Outputs shaped like ``part``'s (one config's) for ``n`` configs, all ``UNSCORED``."""
     part.update({"time." + key: v for key, v in part.pop("time").items()})
-    return _in_batch_order(_output_rows({key: v.T if v.ndim == 2 else v for key, v in part.items()}, 0, K, np.empty),
-                           np.zeros(0, dtype=np.intp), n, K)
+    return _as_outputs(_output_rows({key: v.T if v.ndim == 2 else v for key, v in part.items()}, n, K, np.zeros))
 
 
 def _take_rows(obj, idx: np.ndarray, n: int):
@@ -365,9 +388,11 @@ def _same_bits(v: np.ndarray) -> np.ndarray:
 
 
 def _constant_columns(b: ConfigBatch) -> set[str]:
-    """The columns of ``b`` that hold one value, bit for bit, in every config (a search's fixed options)."""
+    """The columns of ``b`` that hold one value, bit for bit, in every config (a search's fixed options);
+    a column whose first 64 configs differ is ruled out on them alone."""
     return {name for name in _BATCH_COLUMNS
-            if (bits := _same_bits(getattr(b, name))).size and (bits == bits[0]).all()}
+            if (bits := _same_bits(getattr(b, name))).size and (bits[:64] == bits[0]).all()
+            and (bits == bits[0]).all()}
 
 
 def _take_configs(b: ConfigBatch, idx: np.ndarray, constant: set[str]) -> ConfigBatch:
