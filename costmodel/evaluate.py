@@ -270,27 +270,30 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
 def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
                      keep_stages: bool = True, valid: np.ndarray | None = None) -> dict:
     """The scored outputs of ``b`` (``_score``'s keys, the times flattened as ``time.<key>``). A batch of
-    at least ``GROUP_MIN_CONFIGS`` configs scores only its ``valid`` ones (all when None): sorted once by
-    stage count, so that every chunk (``_chunk_plan``) is a slice of one gathered batch, its outputs
-    written to their configs' places; the others keep ``UNSCORED`` (0). A smaller batch is scored whole."""
+    at least ``GROUP_MIN_CONFIGS`` configs scores only its ``valid`` ones (all when None): grouped once by
+    stage count, so that every chunk (``_chunk_plan``) is a slice of one gathered batch (columns, hardware
+    factors, sizes), its outputs written to their configs' places; the others keep ``UNSCORED`` (0). A smaller batch is scored whole."""
     n, K = len(st.split_index), st.split_comp_table.shape[1]
     if n < GROUP_MIN_CONFIGS:
         return _drop_stages(_score(spec, hw, devices, b, st, st.split_index, K), keep_stages)
     scored = np.arange(n) if valid is None else np.flatnonzero(valid)
-    counts = st.split_stage_count[st.split_index[scored]]
-    by_count = np.argsort(counts, kind="stable")  # batch order within a stage count: gathers stream
-    order = scored[by_count]
-    if not len(order):  # nothing to score: one config's outputs give the keys, shapes and dtypes
+    if not len(scored):  # nothing to score: one config's outputs give the keys, shapes and dtypes
         first = np.zeros(1, dtype=np.intp)
         return _placeholders(_drop_stages(_score(spec, _take_rows(hw, first, n), devices, b.take(first), st,
                                                  st.split_index[:1], K), keep_stages), n, K)
+    counts = st.split_stage_count[st.split_index[scored]]
+    sizes = np.bincount(counts)
+    ks = np.flatnonzero(sizes)
+    plan = _chunk_plan(ks.tolist(), sizes[ks].tolist())
+    # The configs of each merged group of stage counts, in batch order (gathers and scatters stream).
+    depths = sorted({k for k, _, _ in plan})
+    order = scored if len(depths) == 1 else np.concatenate(
+        [scored[(counts > lo) & (counts <= hi)] for lo, hi in zip([0] + depths, depths)])
     nv = len(order)
-    ks = np.flatnonzero(np.bincount(counts))
-    plan = _chunk_plan(ks.tolist(), np.bincount(counts)[ks].tolist())
     bs, hs, split = _take_configs(b, order, _constant_columns(b)), _take_rows(hw, order, n), st.split_index[order]
     # Layer costs depend on few columns: score each distinct combination of their inputs once.
-    dp, m = _dp_and_microbatches(devices, bs)
-    ctx, head_weights = _layer_inputs(spec, hs, bs, _shapes(spec, bs, dp))
+    dp, m, shapes = _sizes(spec, devices, bs)
+    ctx, head_weights = _layer_inputs(spec, hs, bs, shapes)
     distinct = _distinct_layer_inputs(bs, ctx, head_weights)
     if distinct is not None:
         member, inverse = distinct
@@ -304,7 +307,8 @@ def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch
         sl = slice(start, stop)
         part = _drop_stages(_score(spec, _rows_of(hs, sl, nv), devices, _rows_of(bs, sl, nv), st, split[sl], k,
                                    None if distinct is None else costs.take(inverse[sl]), full_layers[sl],
-                                   None if replay is None else (replay, replay.inverse[sl])),
+                                   None if replay is None else (replay, replay.inverse[sl]),
+                                   (dp[sl], m[sl], _rows_of(shapes, sl, nv))),
                             keep_stages)
         part.update({"time." + key: v for key, v in part.pop("time").items()})
         if not out:  # the outputs as rows of a few large blocks: fewer, larger page faults
@@ -1094,6 +1098,12 @@ def _utilisation(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st
                 mfu=model_flops_per_device / hw.peak_bf16_flops, hfu=hfu)
 
 
+def _sizes(spec: ModelSpec, devices: int, b: ConfigBatch) -> tuple[np.ndarray, np.ndarray, memory.Shapes]:
+    """Data-parallel replicas, micro-batches per step and the formulas' shapes of each config."""
+    dp, m = _dp_and_microbatches(devices, b)
+    return dp, m, _shapes(spec, b, dp)
+
+
 def _dp_and_microbatches(devices: int, b: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
     """Data-parallel replicas (devices over tp·pp·cp) and micro-batches per step (global batch over
     micro-batch size · dp, at least one) of each config."""
@@ -1102,13 +1112,12 @@ def _dp_and_microbatches(devices: int, b: ConfigBatch) -> tuple[np.ndarray, np.n
 
 
 def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
-           split_index: np.ndarray, k: int, costs=None, full_layers=None, replay=None) -> dict:
+           split_index: np.ndarray, k: int, costs=None, full_layers=None, replay=None, sizes=None) -> dict:
     """Times, throughput and memory of configs ``b`` (no validity): their splits are ``split_index``
     into the stage sets ``st``, whose first ``k`` candidate stages are scored. ``costs``: the layer
-    costs of ``b``, ``full_layers`` its recomputed layers and ``replay`` its replay tables (see
-    ``_held_activations_bytes``), if already known."""
-    dp, m = _dp_and_microbatches(devices, b)
-    shapes = _shapes(spec, b, dp)
+    costs of ``b``, ``full_layers`` its recomputed layers, ``replay`` its replay tables (see
+    ``_held_activations_bytes``) and ``sizes`` its (dp, micro-batches, ``_shapes``), if already known."""
+    dp, m, shapes = _sizes(spec, devices, b) if sizes is None else sizes
     costs = _layer_costs(spec, *_layer_inputs(spec, hw, b, shapes)) if costs is None else costs
     s = _stages(spec, hw, b, st, split_index, k, costs, shapes)
     # One micro-batch on each candidate stage, by effect (K, N); the slowest stage sets the pace.
