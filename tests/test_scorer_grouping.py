@@ -142,3 +142,21 @@ def test_per_config_hardware_factors_follow_their_configs(monkeypatch):
         ok = br.valid[idx]
         for name, v in part.items():
             assert np.array_equal(bits(large[name][idx][ok]), bits(v[ok])), name
+
+
+def test_evaluate_many_reports_a_large_batch_as_small_ones():
+    """``evaluate_many`` on more than ``GROUP_MIN_CONFIGS`` configs (the large path: its invalid configs
+    unscored) gives each config the result it gets in batches below the threshold, nulls for the invalid
+    ones included, every stage kept."""
+    import json
+    from conftest import sample_config
+    from costmodel.result import evaluate_many
+
+    spec, profile = model_presets.load("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb")
+    rng = np.random.default_rng(2)
+    configs = [sample_config(rng, spec, 32, p_wild=0.4) for _ in range(evaluate_module.GROUP_MIN_CONFIGS + 200)]
+    large = evaluate_many(spec, profile, 32, configs)
+    half = len(configs) // 2
+    small = evaluate_many(spec, profile, 32, configs[:half]) + evaluate_many(spec, profile, 32, configs[half:])
+    assert sum(r["step_time_s"] is None for r in large) > 100  # invalid configs among them
+    assert [json.dumps(r, sort_keys=True) for r in large] == [json.dumps(r, sort_keys=True) for r in small]
