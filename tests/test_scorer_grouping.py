@@ -160,3 +160,26 @@ def test_evaluate_many_reports_a_large_batch_as_small_ones():
     small = evaluate_many(spec, profile, 32, configs[:half]) + evaluate_many(spec, profile, 32, configs[half:])
     assert sum(r["step_time_s"] is None for r in large) > 100  # invalid configs among them
     assert [json.dumps(r, sort_keys=True) for r in large] == [json.dumps(r, sort_keys=True) for r in small]
+
+
+def test_goodput_ranking_of_a_large_batch_reads_only_its_valid_configs():
+    """The goodput objective prices checkpoints per step: on a large batch, whose invalid configs have no
+    step time, it prices the valid ones only (no division by a zero step: no warning) and gives each the
+    value it gets in a small batch."""
+    import warnings
+    from types import SimpleNamespace
+    from search.objective import ranking_tokens_per_s
+
+    spec, profile = model_presets.load("llama3-405b"), hardware_profiles.load("nvidia-h100-80gb")
+    batch = mix(np.random.default_rng(9), N, spec, 16384, 2048)
+    space = SimpleNamespace(objective="goodput", devices=16384, profile=profile, resilience=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        br = evaluate_batch(spec, profile, 16384, batch, keep_stages=False)
+        large = ranking_tokens_per_s(space, br, batch)
+    idx = np.arange(SMALL)
+    part = batch.take(idx)
+    small = ranking_tokens_per_s(space, evaluate_batch(spec, profile, 16384, part, keep_stages=False), part)
+    ok = br.valid[idx]
+    assert ok.any() and not ok.all()
+    assert np.array_equal(bits(large[idx][ok]), bits(small[ok])) and (large[~br.valid] == 0).all()
