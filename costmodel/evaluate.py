@@ -240,11 +240,11 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     config. A batch of at least ``GROUP_MIN_CONFIGS`` configs does not score its invalid configs: every
     number of theirs (times, bytes, throughputs, MFU/HFU, per-stage arrays, the peak's rank) is
     ``UNSCORED`` (0). A smaller batch (one config included) scores them like the valid ones, its
-    formulas' numbers for a config that cannot run. ``all_stages`` keeps every pipeline stage in the per-stage arrays (for reports);
-    ``keep_stages=False`` returns no per-stage arrays at all (searches: only the peak matters, and
-    not writing (N, K) outputs saves a fifth of the time). ``hw``: the profile's hardware with its
-    efficiency factors given per config (arrays of len(b)), to score many candidate factor sets in
-    one call (``hardware_profiles.calibrate``); the profile's own when None."""
+    formulas' numbers for a config that cannot run. ``all_stages`` keeps every pipeline stage in the
+    per-stage arrays (for reports); ``keep_stages=False`` returns no per-stage arrays at all (searches:
+    only the peak matters, and not writing (N, K) outputs saves a fifth of the time). ``hw``: the
+    profile's hardware with its efficiency factors given per config (arrays of len(b)), to score many
+    candidate factor sets in one call (``hardware_profiles.calibrate``); the profile's own when None."""
     hw = Hardware.from_profile(profile) if hw is None else hw
     rules = validity.check(spec, b, devices, profile.has_fp8, profile.has_host_link)
     st = pipeline.stage_sets(spec, b, all_stages=all_stages)
@@ -272,7 +272,8 @@ def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch
     """The scored outputs of ``b`` (``_score``'s keys, the times flattened as ``time.<key>``). A batch of
     at least ``GROUP_MIN_CONFIGS`` configs scores only its ``valid`` ones (all when None): grouped once by
     stage count, so that every chunk (``_chunk_plan``) is a slice of one gathered batch (columns, hardware
-    factors, sizes), its outputs written to their configs' places; the others keep ``UNSCORED`` (0). A smaller batch is scored whole."""
+    factors, sizes), its outputs written to their configs' places; the others keep ``UNSCORED`` (0). A
+    smaller batch is scored whole."""
     n, K = len(st.split_index), st.split_comp_table.shape[1]
     if n < GROUP_MIN_CONFIGS:
         return _drop_stages(_score(spec, hw, devices, b, st, st.split_index, K), keep_stages)
