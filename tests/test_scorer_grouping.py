@@ -1,12 +1,14 @@
-"""The large-batch path of ``evaluate_batch`` scores every config exactly as a small batch does.
+"""The large-batch path of ``evaluate_batch`` scores every valid config exactly as a small batch does.
 
-A batch of at least ``GROUP_MIN_CONFIGS`` configs is scored in groups of equal stage count and in chunks,
-with the layer costs of each distinct combination of their inputs computed once and gathered per chunk
-(only the fields a chunk reads; a cost or column with one value everywhere sliced instead), and the
-replayed schedules of uneven model chunks tabled once for the whole batch. None of that may change a
-number: here a seeded mix of configs (valid and invalid, interleaved and uneven pipelines, recompute,
-flags) is scored once as one large batch, with chunks small enough that every group spans several, and
-once in slices below the threshold; every output array must be equal bit for bit.
+A batch of at least ``GROUP_MIN_CONFIGS`` configs scores only its structurally valid configs (the others
+hold ``UNSCORED``), grouped by stage count (small groups padded into deeper ones) and in chunks, with the
+layer costs of each distinct combination of their inputs computed once and gathered per chunk (only the
+fields a chunk reads; a cost or column with one value everywhere sliced instead), and the replayed
+schedules of uneven model chunks tabled once for the whole batch. None of that may change a valid
+config's number: here seeded mixes of configs (valid and invalid, interleaved and uneven pipelines,
+recompute, flags) are scored as one large batch, with chunks small enough that groups span several, and
+in slices below the threshold or one config at a time; every valid config's outputs must be equal bit
+for bit.
 """
 
 from __future__ import annotations
