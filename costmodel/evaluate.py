@@ -219,6 +219,12 @@ def _all_finite(*arrays) -> bool:
 # nor the chunk size changes them.
 GROUP_MIN_CONFIGS = 4096
 CHUNK_CONFIGS = 32768
+# A chunk's fixed cost (its numpy calls: about 2.5 ms for a MoE model) is about that of scoring 12,000
+# more config-stages (about 0.2 µs each), measured on the costmodel benchmark's batches. A small group
+# is scored with the stages of the next deeper one where that padding costs less than the chunks it
+# saves: the stage sets repeat a split's last stage up to any depth, and a copy computes the same
+# numbers as its original (the peak, the first of equal maxima, stays on the original).
+CHUNK_FIXED_CONFIG_STAGES = 12_000
 
 
 STAGE_KEYS = ("stage_peak_bytes", "stage_states_bytes", "stage_act_microbatch_bytes", "stage_fixed_bytes",
@@ -231,11 +237,14 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     """Score every config of ``b`` for ``spec`` on ``devices`` devices of ``profile``.
 
     Invalid configs get finite placeholder numbers, masked by ``valid``; nothing raises for a bad
-    config. ``all_stages`` keeps every pipeline stage in the per-stage arrays (for reports);
-    ``keep_stages=False`` returns no per-stage arrays at all (searches: only the peak matters, and
-    not writing (N, K) outputs saves a fifth of the time). ``hw``: the profile's hardware with its
-    efficiency factors given per config (arrays of len(b)), to score many candidate factor sets in
-    one call (``hardware_profiles.calibrate``); the profile's own when None."""
+    config. A batch of at least ``GROUP_MIN_CONFIGS`` configs does not score its invalid configs: every
+    number of theirs (times, bytes, throughputs, MFU/HFU, per-stage arrays, the peak's rank) is
+    ``UNSCORED`` (0). A smaller batch (one config included) scores them like the valid ones, its
+    formulas' numbers for a config that cannot run. ``all_stages`` keeps every pipeline stage in the
+    per-stage arrays (for reports); ``keep_stages=False`` returns no per-stage arrays at all (searches:
+    only the peak matters, and not writing (N, K) outputs saves a fifth of the time). ``hw``: the
+    profile's hardware with its efficiency factors given per config (arrays of len(b)), to score many
+    candidate factor sets in one call (``hardware_profiles.calibrate``); the profile's own when None."""
     hw = Hardware.from_profile(profile) if hw is None else hw
     rules = validity.check(spec, b, devices, profile.has_fp8, profile.has_host_link)
     st = pipeline.stage_sets(spec, b, all_stages=all_stages)
@@ -243,7 +252,7 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
     broken["pipeline_split"] = ~st.valid
     valid = ~np.logical_or.reduce(list(broken.values()))
 
-    scored = _score_in_groups(spec, hw, devices, b, st, keep_stages)
+    scored = _score_in_groups(spec, hw, devices, b, st, keep_stages, valid)
     for key in STAGE_KEYS:
         scored.setdefault(key, None)
     layer_act = tuple(scored.pop(f"layer_act_{u}_bytes") for u in ("dense", "moe", "mtp"))
@@ -258,45 +267,120 @@ def evaluate_batch(spec: ModelSpec, profile: ClusterProfile, devices: int, b: Co
                        pp=b.pp, vpp=b.vpp, schedule=b.schedule)
 
 
-def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch,
-                     st: pipeline.StageSet, keep_stages: bool = True) -> dict:
+def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
+                     keep_stages: bool = True, valid: np.ndarray | None = None) -> dict:
+    """The scored outputs of ``b`` (``_score``'s keys, the times flattened as ``time.<key>``). A batch of
+    at least ``GROUP_MIN_CONFIGS`` configs scores only its ``valid`` ones (all when None): grouped once by
+    stage count, so that every chunk (``_chunk_plan``) is a slice of one gathered batch (columns, hardware
+    factors, sizes), its outputs written to their configs' places; the others keep ``UNSCORED`` (0). A
+    smaller batch is scored whole."""
     n, K = len(st.split_index), st.split_comp_table.shape[1]
     if n < GROUP_MIN_CONFIGS:
         return _drop_stages(_score(spec, hw, devices, b, st, st.split_index, K), keep_stages)
-    counts = st.split_stage_count[st.split_index]
+    scored = np.arange(n) if valid is None else np.flatnonzero(valid)
+    if not len(scored):  # nothing to score: one config's outputs give the keys, shapes and dtypes
+        first = np.zeros(1, dtype=np.intp)
+        return _placeholders(_drop_stages(_score(spec, _take_rows(hw, first, n), devices, b.take(first), st,
+                                                 st.split_index[:1], K), keep_stages), n, K)
+    counts = st.split_stage_count[st.split_index[scored]]
+    sizes = np.bincount(counts)
+    ks = np.flatnonzero(sizes)
+    plan = _chunk_plan(ks.tolist(), sizes[ks].tolist())
+    # The configs of each merged group of stage counts, in batch order (gathers and scatters stream).
+    depths = sorted({k for k, _, _ in plan})
+    order = scored if len(depths) == 1 else np.concatenate(
+        [scored[(counts > lo) & (counts <= hi)] for lo, hi in zip([0] + depths, depths)])
+    nv = len(order)
+    bs, hs, split = _take_configs(b, order, _constant_columns(b)), _take_rows(hw, order, n), st.split_index[order]
     # Layer costs depend on few columns: score each distinct combination of their inputs once.
-    dp, m = _dp_and_microbatches(devices, b)
-    ctx, head_weights = _layer_inputs(spec, hw, b, _shapes(spec, b, dp))
-    distinct = _distinct_layer_inputs(b, ctx, head_weights)
+    dp, m, shapes = _sizes(spec, devices, bs)
+    ctx, head_weights = _layer_inputs(spec, hs, bs, shapes)
+    distinct = _distinct_layer_inputs(bs, ctx, head_weights)
     if distinct is not None:
         member, inverse = distinct
-        costs = _CostTable(_layer_costs(spec, _take_fields(ctx, member, n, {}), head_weights[member]),
-                           min(n, CHUNK_CONFIGS))
-    full_layers = _recomputed_layers_total(spec, b, st.split_index, st.split_comps)
-    constant = _constant_columns(b)
+        costs = _CostTable(_layer_costs(spec, _take_fields(ctx, member, nv, {}), head_weights[member]),
+                           max(stop - start for _, start, stop in plan))
+    full_layers = _recomputed_layers_total(spec, bs, split, st.split_comps)
     # The replayed schedules of uneven chunks, tabled once for the batch rather than per chunk.
-    replay = _replay_tables(st, st.split_index, m) if st.split_uneven_table.any() else None
+    replay = _replay_tables(st, split, m) if st.split_uneven_table.any() else None
     out: dict = {}
-    for k in np.flatnonzero(np.bincount(counts)).tolist():
-        members = np.flatnonzero(counts == k)  # in batch order: gathers and scatters stream
-        for start in range(0, len(members), CHUNK_CONFIGS):
-            idx = members[start:start + CHUNK_CONFIGS]
-            part = _drop_stages(_score(spec, hw, devices, _take_configs(b, idx, constant), st, st.split_index[idx], k,
-                                       None if distinct is None else costs.take(inverse[idx]), full_layers[idx],
-                                       None if replay is None else (replay, replay.inverse[idx])),
-                                keep_stages)
-            part.update({"time." + key: v for key, v in part.pop("time").items()})
-            if not out:  # the outputs as rows of a few large blocks: fewer, larger page faults
-                out = _output_rows(part, n, K)
-            for key, v in part.items():
-                if v.ndim == 2:  # per stage, (N, k) views of (k, N) rows: pad as the stage sets do
-                    for j in range(K):
-                        out[key][j, idx] = v[:, min(j, k - 1)]
-                    continue
-                out[key][idx] = v
-    out = {key: v.T if v.ndim == 2 else v for key, v in out.items()}
+    for k, start, stop in plan:
+        sl = slice(start, stop)
+        part = _drop_stages(_score(spec, _rows_of(hs, sl, nv), devices, _rows_of(bs, sl, nv), st, split[sl], k,
+                                   None if distinct is None else costs.take(inverse[sl]), full_layers[sl],
+                                   None if replay is None else (replay, replay.inverse[sl]),
+                                   (dp[sl], m[sl], _rows_of(shapes, sl, nv))),
+                            keep_stages)
+        part.update({"time." + key: v for key, v in part.pop("time").items()})
+        if not out:  # the outputs as rows of a few large blocks: fewer, larger page faults
+            out = _output_rows(part, n, K, np.zeros)
+        idx = order[sl]
+        for key, v in part.items():
+            if v.ndim == 2:  # per stage, (N, k) views of (k, N) rows: pad as the stage sets do
+                for j in range(K):
+                    out[key][j, idx] = v[:, min(j, k - 1)]
+                continue
+            out[key][idx] = v
+    return _as_outputs(out)
+
+
+def _chunk_plan(ks: list[int], sizes: list[int]) -> list[tuple[int, int, int]]:
+    """The chunks (stages scored, start, stop) of configs sorted by stage count, ``sizes[g]`` of them with
+    ``ks[g]`` stages (ascending): consecutive groups merged into the deepest of them where the padded
+    stages cost less than the chunks saved (``CHUNK_FIXED_CONFIG_STAGES``, by dynamic programming over
+    the groups), each merged group cut into ``round(configs / CHUNK_CONFIGS)`` (at least one) equal chunks."""
+    starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    n_chunks = lambda i, j: max(1, round((starts[j] - starts[i]) / CHUNK_CONFIGS))  # noqa: E731  groups i..j-1
+    best, cut = [0.0] + [float("inf")] * len(ks), [0] * (len(ks) + 1)
+    for j in range(1, len(ks) + 1):  # best[j]: the cheapest plan of the first j groups
+        for i in range(j):
+            cost = best[i] + CHUNK_FIXED_CONFIG_STAGES * n_chunks(i, j) + (starts[j] - starts[i]) * ks[j - 1]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    plan, j = [], len(ks)
+    while j:
+        i = cut[j]
+        edges = np.linspace(starts[i], starts[j], n_chunks(i, j) + 1).round().astype(int).tolist()
+        plan[:0] = [(ks[j - 1], a, b) for a, b in zip(edges, edges[1:])]
+        j = i
+    return plan
+
+
+# What a config of a large batch that is not scored (structurally invalid) holds in every output:
+# times, bytes, throughputs, utilisations and the peak's rank all 0.
+UNSCORED = 0
+
+
+def _as_outputs(rows: dict) -> dict:
+    """``_score``'s outputs from output rows (``_output_rows``): per-stage ones as (n, K), the times in a dict."""
+    out = {key: v.T if v.ndim == 2 else v for key, v in rows.items()}
     out["time"] = {key: out.pop("time." + key) for key in TIME_KEYS}
     return out
+
+
+def _placeholders(part: dict, n: int, K: int) -> dict:
+    """Outputs shaped like ``part``'s (one config's) for ``n`` configs, all ``UNSCORED``."""
+    part.update({"time." + key: v for key, v in part.pop("time").items()})
+    return _as_outputs(_output_rows({key: v.T if v.ndim == 2 else v for key, v in part.items()}, n, K, np.zeros))
+
+
+def _take_rows(obj, idx: np.ndarray, n: int):
+    """Dataclass ``obj`` (a Hardware whose efficiency factors may be arrays of one value per config of a
+    batch of ``n``) for the configs ``idx``: its (n,) array fields gathered; ``obj`` itself when it has
+    none (so that its derived values stay cached)."""
+    changes = {f.name: v.take(idx) for f in fields(obj)
+               if isinstance(v := getattr(obj, f.name), np.ndarray) and v.shape == (n,)}
+    return replace(obj, **changes) if changes else obj
+
+
+def _rows_of(obj, sl: slice, n: int):
+    """Dataclass ``obj`` (a ConfigBatch or Hardware of ``n`` configs) for the configs of slice ``sl``:
+    views of its (n,) array fields; ``obj`` itself when the slice is all of it or it has none."""
+    if sl.start == 0 and sl.stop == n:
+        return obj
+    changes = {f.name: v[sl] for f in fields(obj)
+               if isinstance(v := getattr(obj, f.name), np.ndarray) and v.shape == (n,)}
+    return replace(obj, **changes) if changes else obj
 
 
 _BATCH_COLUMNS = tuple(f.name for f in fields(ConfigBatch) if f.name != "layouts")
@@ -309,22 +393,21 @@ def _same_bits(v: np.ndarray) -> np.ndarray:
 
 
 def _constant_columns(b: ConfigBatch) -> set[str]:
-    """The columns of ``b`` that hold one value, bit for bit, in every config (a search's fixed options)."""
+    """The columns of ``b`` that hold one value, bit for bit, in every config (a search's fixed options);
+    a column whose first 64 configs differ is ruled out on them alone."""
     return {name for name in _BATCH_COLUMNS
-            if (bits := _same_bits(getattr(b, name))).size and (bits == bits[0]).all()}
+            if (bits := _same_bits(getattr(b, name))).size and (bits[:64] == bits[0]).all()
+            and (bits == bits[0]).all()}
 
 
 def _take_configs(b: ConfigBatch, idx: np.ndarray, constant: set[str]) -> ConfigBatch:
-    """``b.take(idx)``, where a ``constant`` column is a read-only slice of its first ``len(idx)`` entries
+    """``b.take(idx)``, read-only, where a ``constant`` column is a slice of its first ``len(idx)`` entries
     (the same values) instead of a gather: about half the columns of a search's batch."""
     kw = {}
     for name in _BATCH_COLUMNS:
         v = getattr(b, name)
-        if name in constant:
-            v = v[:len(idx)]
-            v.flags.writeable = False
-        else:
-            v = v.take(idx)
+        v = v[:len(idx)] if name in constant else v.take(idx)
+        v.flags.writeable = False  # chunks are views of it: scoring never writes a column
         kw[name] = v
     return ConfigBatch(**kw, layouts=b.layouts)
 
@@ -336,15 +419,15 @@ def _drop_stages(part: dict, keep_stages: bool) -> dict:
     return part
 
 
-def _output_rows(part: dict, n: int, K: int) -> dict:
-    """Empty outputs shaped like ``part``'s for ``n`` configs and ``K`` stages, as rows of one block
-    per dtype and rank."""
+def _output_rows(part: dict, n: int, K: int, alloc=np.empty) -> dict:
+    """Outputs shaped like ``part``'s for ``n`` configs and ``K`` stages (``alloc``: ``np.empty`` or
+    ``np.zeros``), as rows of one block per dtype and rank."""
     groups: dict = {}
     for key, v in part.items():
         groups.setdefault((v.dtype, v.ndim), []).append(key)
     out = {}
     for (dtype, ndim), keys in groups.items():
-        block = np.empty((len(keys), K, n) if ndim == 2 else (len(keys), n), dtype=dtype)
+        block = alloc((len(keys), K, n) if ndim == 2 else (len(keys), n), dtype=dtype)
         out.update(zip(keys, block))
     return out
 
@@ -1016,6 +1099,12 @@ def _utilisation(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st
                 mfu=model_flops_per_device / hw.peak_bf16_flops, hfu=hfu)
 
 
+def _sizes(spec: ModelSpec, devices: int, b: ConfigBatch) -> tuple[np.ndarray, np.ndarray, memory.Shapes]:
+    """Data-parallel replicas, micro-batches per step and the formulas' shapes of each config."""
+    dp, m = _dp_and_microbatches(devices, b)
+    return dp, m, _shapes(spec, b, dp)
+
+
 def _dp_and_microbatches(devices: int, b: ConfigBatch) -> tuple[np.ndarray, np.ndarray]:
     """Data-parallel replicas (devices over tp·pp·cp) and micro-batches per step (global batch over
     micro-batch size · dp, at least one) of each config."""
@@ -1024,13 +1113,12 @@ def _dp_and_microbatches(devices: int, b: ConfigBatch) -> tuple[np.ndarray, np.n
 
 
 def _score(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch, st: pipeline.StageSet,
-           split_index: np.ndarray, k: int, costs=None, full_layers=None, replay=None) -> dict:
+           split_index: np.ndarray, k: int, costs=None, full_layers=None, replay=None, sizes=None) -> dict:
     """Times, throughput and memory of configs ``b`` (no validity): their splits are ``split_index``
     into the stage sets ``st``, whose first ``k`` candidate stages are scored. ``costs``: the layer
-    costs of ``b``, ``full_layers`` its recomputed layers and ``replay`` its replay tables (see
-    ``_held_activations_bytes``), if already known."""
-    dp, m = _dp_and_microbatches(devices, b)
-    shapes = _shapes(spec, b, dp)
+    costs of ``b``, ``full_layers`` its recomputed layers, ``replay`` its replay tables (see
+    ``_held_activations_bytes``) and ``sizes`` its (dp, micro-batches, ``_shapes``), if already known."""
+    dp, m, shapes = _sizes(spec, devices, b) if sizes is None else sizes
     costs = _layer_costs(spec, *_layer_inputs(spec, hw, b, shapes)) if costs is None else costs
     s = _stages(spec, hw, b, st, split_index, k, costs, shapes)
     # One micro-batch on each candidate stage, by effect (K, N); the slowest stage sets the pace.

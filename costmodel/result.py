@@ -66,7 +66,8 @@ def result_dict(br: BatchResult, i: int, profile: ClusterProfile, warnings: list
     """The evaluation result of config ``i``: nulls for what a structurally invalid config cannot have."""
     valid = bool(br.valid[i])
     val = (lambda x: _num(x)) if valid else (lambda x: None)
-    per_stage = (br.stage_peaks(i) / GIB).tolist()
+    # an invalid config has no stages to report (a large batch does not score it: UNSCORED placeholders)
+    per_stage = (br.stage_peaks(i) / GIB).tolist() if valid else None
     return {
         "feasible": bool(br.feasible[i]),
         "infeasible_reasons": infeasible_reasons(br, i),

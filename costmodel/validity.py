@@ -32,7 +32,7 @@ def check(spec: ModelSpec, b: ConfigBatch, devices: int, has_fp8: bool, has_host
     dense_rank = b.tp * b.cp * dp
     seq = spec.seq_length
     sp, cp = b.sequence_parallel, b.cp
-    seq_div = np.where(sp & (cp > 1), b.tp * 2 * cp, np.where(sp, b.tp, np.where(cp > 1, 2 * cp, 1)))
+    seq_div = np.where(sp, b.tp, 1) * np.where(cp > 1, 2 * cp, 1)  # tp with SP, times 2·cp with CP
     experts = spec.num_experts or 0
     rules = [
         Rule("tp_divides_heads", (heads % b.tp != 0) | (groups % b.tp != 0),
@@ -95,6 +95,7 @@ def _offload_rules(spec: ModelSpec, b: ConfigBatch, has_host_link: bool) -> list
 
 
 _SCHEDULE_NAMES = {DUALPIPE: "dualpipe", DUALPIPEV: "dualpipev"}
+SCHEDULE_RULES = ("dualpipe_needs_pp", "dualpipe_even_pp", "dualpipe_microbatches", "dualpipev_layers")
 
 
 def _schedule_rules(spec: ModelSpec, b: ConfigBatch, dp: np.ndarray) -> list[Rule]:
@@ -106,8 +107,10 @@ def _schedule_rules(spec: ModelSpec, b: ConfigBatch, dp: np.ndarray) -> list[Rul
     all-to-all overlap with pp > 1 and vpp 1 is an export refusal, not a rule here: MindSpeed's
     --moe-alltoall-overlap-comm runs that layout (search/frameworks/megatron.py ``_a2a_overlap_pipeline``)."""
     name = lambda i: _SCHEDULE_NAMES[int(b.schedule[i])]  # noqa: E731
-    m = np.where(dp > 0, b.global_batch_size // np.maximum(b.micro_batch_size * dp, 1), 0)
     dual, v = b.schedule > 0, b.schedule == DUALPIPEV
+    if not dual.any():  # every rule holds for 1F1B: no micro-batch counts to derive
+        return [Rule(code, np.zeros(len(b), bool), lambda i: "") for code in SCHEDULE_RULES]
+    m = np.where(dp > 0, b.global_batch_size // np.maximum(b.micro_batch_size * dp, 1), 0)
     need_m = np.where(v, 2 * b.pp - 1, 2 * b.pp)
     return [
         Rule("dualpipe_needs_pp", dual & (b.pp < 2), lambda i: f"pipeline_schedule {name(i)} needs pp > 1"),

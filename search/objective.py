@@ -15,10 +15,15 @@ OBJECTIVES = ("throughput", "goodput")
 
 
 def ranking_tokens_per_s(space, br, batch) -> np.ndarray:
-    """The tokens/s the ranking compares, one per config of ``batch`` (scored as ``br``)."""
+    """The tokens/s the ranking compares, one per config of ``batch`` (scored as ``br``); with goodput, 0 for
+    a structurally invalid config (never ranked: a large batch leaves it unscored, with no step time)."""
     if getattr(space, "objective", "throughput") != "goodput":
         return br.tokens_per_s
-    replicas = weight_replicas_of(space.devices, batch.tp, batch.pp, batch.cp)
-    a = goodput_arrays(space.profile, space.devices, br.step_time_s, br.params_bytes, br.optimizer_bytes, replicas,
-                       *checkpoint_links(space.profile), getattr(space, "resilience", None) or ResilienceOptions())
-    return br.tokens_per_s * a["goodput"]
+    ok = br.valid
+    replicas = weight_replicas_of(space.devices, batch.tp[ok], batch.pp[ok], batch.cp[ok])
+    a = goodput_arrays(space.profile, space.devices, br.step_time_s[ok], br.params_bytes[ok], br.optimizer_bytes[ok],
+                       replicas, *checkpoint_links(space.profile),
+                       getattr(space, "resilience", None) or ResilienceOptions())
+    ranked = np.zeros(len(br.valid))
+    ranked[ok] = br.tokens_per_s[ok] * a["goodput"]
+    return ranked

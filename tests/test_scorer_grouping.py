@@ -1,12 +1,14 @@
-"""The large-batch path of ``evaluate_batch`` scores every config exactly as a small batch does.
+"""The large-batch path of ``evaluate_batch`` scores every valid config exactly as a small batch does.
 
-A batch of at least ``GROUP_MIN_CONFIGS`` configs is scored in groups of equal stage count and in chunks,
-with the layer costs of each distinct combination of their inputs computed once and gathered per chunk
-(only the fields a chunk reads; a cost or column with one value everywhere sliced instead), and the
-replayed schedules of uneven model chunks tabled once for the whole batch. None of that may change a
-number: here a seeded mix of configs (valid and invalid, interleaved and uneven pipelines, recompute,
-flags) is scored once as one large batch, with chunks small enough that every group spans several, and
-once in slices below the threshold; every output array must be equal bit for bit.
+A batch of at least ``GROUP_MIN_CONFIGS`` configs scores only its structurally valid configs (the others
+hold ``UNSCORED``), grouped by stage count (small groups padded into deeper ones) and in chunks, with the
+layer costs of each distinct combination of their inputs computed once and gathered per chunk (only the
+fields a chunk reads; a cost or column with one value everywhere sliced instead), and the replayed
+schedules of uneven model chunks tabled once for the whole batch. None of that may change a valid
+config's number: here seeded mixes of configs (valid and invalid, interleaved and uneven pipelines,
+recompute, flags) are scored as one large batch, with chunks small enough that groups span several, and
+in slices below the threshold or one config at a time; every valid config's outputs must be equal bit
+for bit.
 """
 
 from __future__ import annotations
@@ -69,15 +71,117 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("model,cluster,devices,gbs", CASES)
 def test_grouped_chunked_batch_equals_small_batches_bit_for_bit(monkeypatch, model, cluster, devices, gbs):
+    """Valid configs: the same bits on both paths. Invalid ones: the large path does not score them
+    (``UNSCORED`` everywhere), the small path scores them as they come; finite either way."""
     spec, profile = model_presets.load(model), hardware_profiles.load(cluster)
     batch = mix(np.random.default_rng(7), N, spec, devices, gbs)
     monkeypatch.setattr(evaluate_module, "CHUNK_CONFIGS", 700)  # several chunks per stage-count group
     large = arrays(evaluate_batch(spec, profile, devices, batch, keep_stages=False))
     parts = [arrays(evaluate_batch(spec, profile, devices, batch.take(np.arange(a, min(a + SMALL, N))),
                                    keep_stages=False)) for a in range(0, N, SMALL)]
-    assert large["valid"].any() and not large["valid"].all()  # valid and invalid configs both scored
+    valid = large["valid"]
+    assert valid.any() and not valid.all()  # valid and invalid configs both in the batch
     assert len(large) > 20
     for name, a in large.items():
         b = np.concatenate([p[name] for p in parts])
         assert a.dtype == b.dtype, name
-        assert np.array_equal(bits(a), bits(b)), f"{name}: {np.flatnonzero(bits(a) != bits(b))[:5]}"
+        assert np.array_equal(bits(a[valid]), bits(b[valid])), f"{name}: {np.flatnonzero(bits(a) != bits(b))[:5]}"
+        if name.split(".")[0] not in ("valid", "feasible", "broken", "pp", "vpp", "schedule", "offload_modules"):
+            assert (a[~valid] == evaluate_module.UNSCORED).all(), name
+            assert np.isfinite(b[~valid]).all(), name
+
+
+@pytest.mark.parametrize("model,cluster,devices,gbs", CASES)
+def test_large_batch_scores_each_valid_config_as_a_batch_of_one(monkeypatch, model, cluster, devices, gbs):
+    """The large path scores only the valid configs, in an order of its own, and writes them back: each
+    valid config's numbers (per-stage peaks too) are those it gets scored alone. Checked on the valid
+    configs that follow an invalid one, where a slip of the write-back would put a neighbour's numbers."""
+    spec, profile = model_presets.load(model), hardware_profiles.load(cluster)
+    batch = mix(np.random.default_rng(11), N, spec, devices, gbs)
+    monkeypatch.setattr(evaluate_module, "CHUNK_CONFIGS", 900)
+    br = evaluate_batch(spec, profile, devices, batch, keep_stages=True)
+    large, valid = arrays(br), br.valid
+    after_invalid = np.flatnonzero(valid[1:] & ~valid[:-1]) + 1
+    assert len(after_invalid) > 100 and (~valid).sum() > N // 4  # many invalid configs among the valid
+    for i in np.random.default_rng(0).choice(after_invalid, 60, replace=False).tolist():
+        one_br = evaluate_batch(spec, profile, devices, batch.take([i]), keep_stages=True)
+        one = arrays(one_br)
+        for name, a in large.items():
+            assert np.array_equal(bits(a[i:i + 1]), bits(one[name])), (i, name)
+        assert np.array_equal(bits(br.stage_peaks(i)), bits(one_br.stage_peaks(0))), i
+
+
+def test_a_large_batch_with_no_valid_config_gets_placeholders():
+    spec, profile = model_presets.load("llama3-405b"), hardware_profiles.load("nvidia-h100-80gb")
+    batch = mix(np.random.default_rng(3), N, spec, 16384, 2048)
+    batch.global_batch_size[:] = 2047  # no micro-batch size and dp divide it
+    br = evaluate_batch(spec, profile, 16384, batch, keep_stages=True)
+    assert not br.valid.any() and not br.feasible.any()
+    assert (br.step_time_s == 0).all() and (br.peak_bytes == 0).all() and (br.stage_peak_bytes == 0).all()
+    assert br.stage_peak_bytes.shape == br.stage_rank.shape
+
+
+def test_per_config_hardware_factors_follow_their_configs(monkeypatch):
+    """A Hardware whose efficiency factors are arrays of one value per config (a calibration scoring many
+    candidate factor sets at once) scores each config with its own factors on the large path too, which
+    sorts and chunks the configs: the same numbers as slices scored on the small path with theirs."""
+    from dataclasses import replace
+    from costmodel.hardware import Hardware
+
+    spec, profile = model_presets.load("pangu-ultra-moe-718b"), hardware_profiles.load("ascend-910b")
+    batch = mix(np.random.default_rng(5), N, spec, 6144, 7680)
+    rng = np.random.default_rng(1)
+    factors = {"gemm_eff_max": rng.uniform(0.5, 0.8, N), "dp_overlap": rng.uniform(0.3, 0.9, N),
+               "straggler_cv": rng.uniform(0.0, 0.02, N)}
+    hw = Hardware.from_profile(profile, factors)
+    monkeypatch.setattr(evaluate_module, "CHUNK_CONFIGS", 800)
+    br = evaluate_batch(spec, profile, 6144, batch, keep_stages=False, hw=hw)
+    large = arrays(br)
+    for a in range(0, N, SMALL):
+        idx = np.arange(a, min(a + SMALL, N))
+        part_hw = replace(hw, **{k: getattr(hw, k)[idx] for k in ("gemm_eff_max", "dp_overlap", "straggler_cv")})
+        part = arrays(evaluate_batch(spec, profile, 6144, batch.take(idx), keep_stages=False, hw=part_hw))
+        ok = br.valid[idx]
+        for name, v in part.items():
+            assert np.array_equal(bits(large[name][idx][ok]), bits(v[ok])), name
+
+
+def test_evaluate_many_reports_a_large_batch_as_small_ones():
+    """``evaluate_many`` on more than ``GROUP_MIN_CONFIGS`` configs (the large path: its invalid configs
+    unscored) gives each config the result it gets in batches below the threshold, nulls for the invalid
+    ones included, every stage kept."""
+    import json
+    from conftest import sample_config
+    from costmodel.result import evaluate_many
+
+    spec, profile = model_presets.load("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb")
+    rng = np.random.default_rng(2)
+    configs = [sample_config(rng, spec, 32, p_wild=0.4) for _ in range(evaluate_module.GROUP_MIN_CONFIGS + 200)]
+    large = evaluate_many(spec, profile, 32, configs)
+    half = len(configs) // 2
+    small = evaluate_many(spec, profile, 32, configs[:half]) + evaluate_many(spec, profile, 32, configs[half:])
+    assert sum(r["step_time_s"] is None for r in large) > 100  # invalid configs among them
+    assert [json.dumps(r, sort_keys=True) for r in large] == [json.dumps(r, sort_keys=True) for r in small]
+
+
+def test_goodput_ranking_of_a_large_batch_reads_only_its_valid_configs():
+    """The goodput objective prices checkpoints per step: on a large batch, whose invalid configs have no
+    step time, it prices the valid ones only (no division by a zero step: no warning) and gives each the
+    value it gets in a small batch."""
+    import warnings
+    from types import SimpleNamespace
+    from search.objective import ranking_tokens_per_s
+
+    spec, profile = model_presets.load("llama3-405b"), hardware_profiles.load("nvidia-h100-80gb")
+    batch = mix(np.random.default_rng(9), N, spec, 16384, 2048)
+    space = SimpleNamespace(objective="goodput", devices=16384, profile=profile, resilience=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        br = evaluate_batch(spec, profile, 16384, batch, keep_stages=False)
+        large = ranking_tokens_per_s(space, br, batch)
+    idx = np.arange(SMALL)
+    part = batch.take(idx)
+    small = ranking_tokens_per_s(space, evaluate_batch(spec, profile, 16384, part, keep_stages=False), part)
+    ok = br.valid[idx]
+    assert ok.any() and not ok.all()
+    assert np.array_equal(bits(large[idx][ok]), bits(small[ok])) and (large[~br.valid] == 0).all()
