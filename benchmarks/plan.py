@@ -50,22 +50,9 @@ from rich.table import Table  # noqa: E402
 
 import hardware_profiles  # noqa: E402
 import model_presets  # noqa: E402
+from results import without_times  # noqa: E402 - benchmarks/results.py
 from search import SearchRequest, run_search  # noqa: E402
 from search.capacity import PlanRequest, run_plan  # noqa: E402
-
-
-def _without_times(plan: dict) -> dict:
-    return {**{k: v for k, v in plan.items() if k != "plan_time_s"},
-            "points": [{k: v for k, v in p.items() if k != "search_time_s"} for p in plan["points"]]}
-
-
-def _without_run_times(x):
-    """A plan's or RL plan's JSON without its wall-clock fields (they differ between any two runs)."""
-    if isinstance(x, dict):
-        return {k: _without_run_times(v) for k, v in x.items() if not k.endswith("time_s")}
-    if isinstance(x, list):
-        return [_without_run_times(v) for v in x]
-    return x
 
 
 def run_json(args: list[str]) -> tuple[float, dict]:
@@ -76,7 +63,7 @@ def run_json(args: list[str]) -> tuple[float, dict]:
     started = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "app.cli", *args, "--json"], cwd=ROOT, check=True, env=env,
                          capture_output=True, text=True).stdout
-    return time.perf_counter() - started, _without_run_times(json.loads(out))
+    return time.perf_counter() - started, without_times(json.loads(out))
 
 
 def jobs_comparison(names: list[str], jobs: int, repeats: int) -> bool:

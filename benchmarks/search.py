@@ -67,6 +67,7 @@ import model_presets  # noqa: E402
 from search import SearchRequest, run_search  # noqa: E402
 from search.margin import DEFAULT_MEMORY_MARGIN_GIB  # noqa: E402
 from proc_usage import cpu_s, pool_peak_gib  # noqa: E402 - benchmarks/proc_usage.py
+from results import without_times  # noqa: E402 - benchmarks/results.py
 
 CASES = {
     "pangu": ("pangu-ultra-moe-718b", "ascend-910b", 6144, 7680),
@@ -241,7 +242,7 @@ def _one_jobs_run(scan: str, jobs: int, out: Path) -> None:
 # A run's process loads this file under another name: run as a script, its pool processes would load it again
 # as their main module (optuna included) before their first task, which paraplan's processes do not.
 ONE_RUN = """import importlib.util, pathlib, sys
-sys.path.append(str(pathlib.Path({path!r}).parent))  # proc_usage; after the repository, whose search is the package
+sys.path.append(str(pathlib.Path({path!r}).parent))  # proc_usage, results; after the repository (its search is the package)
 spec = importlib.util.spec_from_file_location("benchmark_search", {path!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
@@ -250,15 +251,6 @@ module._one_jobs_run({scan!r}, {n}, pathlib.Path({out!r}))"""
 
 SCAN_NAMES = {"pruned": "pruned (README command 1's search)", "plain": "plain full scan (prune=False)",
               "readme": "README command 1, whole process"}
-
-
-def _without_times(x):
-    """A search result with its wall-clock fields left out (they differ between any two runs)."""
-    if isinstance(x, dict):
-        return {k: _without_times(v) for k, v in x.items() if not k.endswith("time_s")}
-    if isinstance(x, list):
-        return [_without_times(v) for v in x]
-    return x
 
 
 def _readme_run(jobs: int) -> tuple[float, float, dict]:
@@ -275,7 +267,7 @@ def _readme_run(jobs: int) -> tuple[float, float, dict]:
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, _without_times(json.loads(out))
+    return wall, cpu, without_times(json.loads(out))
 
 
 def jobs_comparison(jobs: int, repeats: int, scans: list[str]) -> bool:
