@@ -27,20 +27,32 @@ from typing import Callable, Iterator
 POLL_S = 0.2  # how often the parent runs the caller's check while it waits for a result
 
 _stop = None  # the child's stop event (set by ``_init``)
+_claims = None  # the child's view of ``Pool.claims`` (set by ``_init``)
 
 
 class Stopped(RuntimeError):
     """Raised in a child whose pool was told to stop (its caller's check raised)."""
 
 
-def _init(stop) -> None:
-    """A pool process's start: the stop event, and the allocator tuned as the ``paraplan`` entry point tunes
-    it (large numpy temporaries reused, not faulted in afresh for every batch)."""
+def _init(stop, claims) -> None:
+    """A pool process's start: the stop event, the claims of ``Pool.map_shared``, and the allocator tuned as
+    the ``paraplan`` entry point tunes it (large numpy temporaries reused, not faulted in afresh for every
+    batch)."""
     from costmodel.runtime import tune_allocator
 
-    global _stop
-    _stop = stop
+    global _stop, _claims
+    _stop, _claims = stop, claims
     tune_allocator()
+
+
+def _claimed(i: int, fn: Callable, arg):
+    """``fn(arg)`` for item ``i`` of a ``Pool.map_shared``, unless the caller has taken that item (None then):
+    a task queued to a process can no longer be cancelled, though no process has started it."""
+    with _claims.get_lock():
+        if i >= _claims[1]:
+            return None
+        _claims[0] = max(_claims[0], i + 1)
+    return fn(arg)
 
 
 def _ready() -> None:
@@ -66,8 +78,11 @@ class Pool:
         ctx = _context()
         self.jobs = jobs
         self.stop = ctx.Event()
+        # map_shared's meeting point: [the items up to which a process has started one, the first item the
+        # caller has taken]; a process starts an item below the second, the caller takes one from the first
+        self.claims = ctx.Array("q", 2)
         self.executor = ProcessPoolExecutor(max_workers=jobs - 1, mp_context=ctx, initializer=_init,
-                                            initargs=(self.stop,))
+                                            initargs=(self.stop, self.claims))
 
     def warm(self) -> None:
         """Start the processes now (the forkserver's imports included) without waiting for them, so that they
@@ -102,14 +117,22 @@ class Pool:
         runs between the caller's items and while it waits; ``on_result(done)`` as each result arrives
         (``done``: results so far)."""
         out: list = [None] * len(items)
-        futures = {self.submit(remote, item if pack is None else pack(item)): i for i, item in enumerate(items)}
+        with self.claims.get_lock():
+            self.claims[0], self.claims[1] = 0, len(items)
+        futures = {self.submit(_claimed, i, remote, item if pack is None else pack(item)): i
+                   for i, item in enumerate(items)}
         by_index = {i: f for f, i in futures.items()}
+        mine: set[int] = set()  # the items the caller took (a process that gets one skips it)
         done = 0
 
         def collect(finished) -> None:
             nonlocal done
             for f in finished:
-                out[futures.pop(f)] = f.result()
+                i = futures.pop(f)
+                result = f.result()
+                if i in mine:
+                    continue
+                out[i] = result
                 done += 1
                 if on_result is not None:
                     on_result(done)
@@ -118,9 +141,11 @@ class Pool:
             if check is not None:
                 check()
             collect([f for f in futures if f.done()])
-            if not by_index[i].cancel():  # a process has it (running, or queued to run next): the rest are theirs
+            if not self._claim(i):  # a process has started it or a later item: the rest are theirs
                 break
-            futures.pop(by_index[i])
+            mine.add(i)
+            if by_index[i].cancel():  # not yet queued to a process (a queued one is skipped there)
+                futures.pop(by_index[i])
             out[i] = local(items[i])
             done += 1
             if on_result is not None:
@@ -128,6 +153,14 @@ class Pool:
         while futures:
             collect(self.wait_any(list(futures), check))
         return out
+
+    def _claim(self, i: int) -> bool:
+        """Take item ``i`` of ``map_shared`` for the caller, unless a process has started it or a later item."""
+        with self.claims.get_lock():
+            if i < self.claims[0]:
+                return False
+            self.claims[1] = i
+            return True
 
     def close(self) -> None:
         """Cancel what is queued, tell what still runs to stop (``worker_check``), wait for the processes."""

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -113,18 +114,44 @@ def test_small_groups_stay_in_the_calling_process(monkeypatch):
         assert ("_score_part" in sent) == split
 
 
+def _slept(seconds: float) -> str:
+    time.sleep(seconds)
+    return "process"
+
+
 def test_the_caller_shares_the_work_from_the_last_item_back():
     """``Pool.map_shared``: the pool's process takes the items from the first on, the caller from the last back
     while the process has not started them; every result in the order of the items."""
-    import time
-
     taken: list[int] = []
     items = [(i, 0.05) for i in range(40)]
+
+    def take(item):  # as long as the process takes for an item: a caller that took none would finish first
+        time.sleep(item[1])
+        taken.append(item[0])
+
     with search.pool.pool(2) as p:  # the caller and one process
-        out = p.map_shared(time.sleep, lambda item: taken.append(item[0]), items, pack=lambda item: item[1])
+        p.result(p.submit(_slept, 0.0), None)  # the process is up (a cold one starts after the caller is done)
+        out = p.map_shared(time.sleep, take, items, pack=lambda item: item[1])
     assert out == [None] * len(items)
     assert 0 < len(taken) < len(items), "both the caller and the process must have taken items"
     assert taken == list(range(len(items) - 1, len(items) - 1 - len(taken), -1))
+
+
+def test_the_caller_takes_an_item_a_process_has_queued_but_not_started():
+    """``ProcessPoolExecutor`` moves a submitted task into its call queue (one more than its processes) as soon
+    as there is room, and a task there can no longer be cancelled though no process has started it: with one
+    process and two items, both are queued at once. The caller must still take the second item (a process
+    skips an item the caller has taken) rather than wait while the one process runs both in turn."""
+    with search.pool.pool(2) as p:  # the caller and one process
+        p.warm()
+        p.result(p.submit(_slept, 0.0), None)  # the process is up: it starts the first item at once
+        started = time.perf_counter()
+        # check(): what the service's check costs (a database read), time for the queue to take both items
+        out = p.map_shared(_slept, lambda seconds: "caller", [1.0, 1.0], check=lambda: time.sleep(0.05),
+                           pack=lambda seconds: seconds)
+        elapsed = time.perf_counter() - started
+    assert out == ["process", "caller"]
+    assert elapsed < 1.6, f"{elapsed:.2f} s: the two items ran one after the other"
 
 
 def test_plan_on_two_processes_equals_one(pools):
