@@ -176,7 +176,7 @@ def _with_algorithms(space: SearchSpace, par: dict[str, np.ndarray]) -> dict[str
     tp, cp = par["tp"], par["cp"]
     inside = np.gcd(cp, np.maximum(space._domain() // tp, 1))  # the Ulysses part of a2a+p2p (costmodel/layers.py)
     heads = space.spec.num_attention_heads
-    rows, hier, comm = [], [], []
+    keeps, hier, comm = [], [], []
     for a2a, kind in product(space.values["moe_a2a_algorithm"], space.values["cp_comm_type"]):
         keep = np.ones(len(tp), dtype=bool)
         if a2a != a2a_rest:
@@ -188,13 +188,12 @@ def _with_algorithms(space: SearchSpace, par: dict[str, np.ndarray]) -> dict[str
                 keep &= (inside > 1) & (inside < cp)  # else it is p2p or a2a
             if ulysses is not None:
                 keep &= heads % (ulysses * tp) == 0
-        idx = np.flatnonzero(keep)
-        rows.append(idx)
-        hier.append(np.full(len(idx), a2a == "hierarchical"))
-        comm.append(np.full(len(idx), CP_COMM_CODES[kind], dtype=np.int64))
-    idx = np.concatenate(rows)
-    order = np.argsort(idx, kind="stable")
-    out = {k: v[idx[order]] for k, v in par.items()}
-    out["moe_a2a_hierarchical"] = np.concatenate(hier)[order]
-    out["cp_comm"] = np.concatenate(comm)[order]
+        keeps.append(keep)
+        hier.append(a2a == "hierarchical")
+        comm.append(CP_COMM_CODES[kind])
+    # (layout, algorithm pair) in row-major order: each layout's kept pairs together, in the pairs' order
+    row, pair = np.nonzero(np.stack(keeps, axis=1))
+    out = {k: v[row] for k, v in par.items()}
+    out["moe_a2a_hierarchical"] = np.array(hier, dtype=bool)[pair]
+    out["cp_comm"] = np.array(comm, dtype=np.int64)[pair]
     return out
