@@ -26,6 +26,7 @@ import numpy as np
 
 from costmodel import evaluate_batch, stragglers
 from costmodel.batch import NO_VALUE
+from costmodel.evaluate import CHUNK_CONFIGS
 from costmodel.hardware import Hardware
 from costmodel.pipeline import unique_rows
 
@@ -41,10 +42,10 @@ LAYOUT_FIELDS = ("tp", "pp", "cp", "ep", "etp")
 # With bounds, the first group of rows scored holds this fraction of a chunk's pairs (then groups double):
 # the rows with the highest bounds, whose best config sets the cut that prunes the rest.
 FIRST_GROUP_FRACTION = 64
-# With a pool, a group of fewer pairs than one scorer chunk (costmodel.evaluate.CHUNK_CONFIGS) is scored in
-# this process: split, each part would pay the transfer of its rows and its own evaluate's fixed cost for
-# a few milliseconds of scoring, and the first groups of a bounded scan are that small.
-POOL_MIN_PAIRS = 32_768
+# With a pool, a group of fewer pairs than one scorer chunk is scored in this process: split, each part would
+# pay the transfer of its rows and its own evaluate's fixed cost for a few milliseconds of scoring, and the
+# first groups of a bounded scan are that small.
+POOL_MIN_PAIRS = CHUNK_CONFIGS
 
 
 @dataclass

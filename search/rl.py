@@ -288,8 +288,10 @@ def _run_rl_search(req: RLRequest, progress: ProgressFn | None, check: CheckFn |
     total = int("colocated" in req.modes) + (len(splits(req, hw)) if "disaggregated" in req.modes else 0)
     out: dict = {"colocated": None, "disaggregated": None, "splits": []}
     done = 0
-    # with a pool, the co-located search runs on one process while the splits take the others
-    colocated = None if procs is None or "colocated" not in req.modes else procs.submit(_pooled_colocated, req)
+    # with a pool, the co-located search runs on one process while the splits take the others (and here,
+    # where there are no splits to search)
+    pooled = procs is not None and "colocated" in req.modes and "disaggregated" in req.modes
+    colocated = procs.submit(_pooled_colocated, req) if pooled else None
     if "colocated" in req.modes and colocated is None:
         out["colocated"] = best_colocated(req, check)
         done += 1
