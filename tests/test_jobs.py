@@ -181,6 +181,28 @@ def test_rl_on_two_processes_equals_one(round_profile, pools):
     assert pools == [2]
 
 
+def test_rl_of_the_colocated_mode_alone_runs_in_the_calling_process(round_profile, monkeypatch):
+    """With no splits to search, the co-located search is the caller's: nothing is sent to the pool, and the
+    plan is the one of one process."""
+    def req(jobs):
+        return RLRequest(spec=model_presets.load("tiny-moe"), profile=round_profile, devices=32,
+                         workload=rl.Workload(16, 8, 256, 768), training_top_k=2, modes=("colocated",), jobs=jobs)
+
+    one = run_rl_search(req(1))
+    sent: list[str] = []
+    real = search.pool.Pool.submit
+
+    def spy(self, fn, *args):
+        sent.append(fn.__name__)
+        return real(self, fn, *args)
+
+    monkeypatch.setattr(search.pool.Pool, "submit", spy)
+    two = run_rl_search(req(2))
+    assert one["colocated"] is not None
+    assert json.dumps(_without_times(two), default=str) == json.dumps(_without_times(one), default=str)
+    assert "_pooled_colocated" not in sent
+
+
 class Stop(Exception):
     pass
 
