@@ -63,6 +63,20 @@ def pools(monkeypatch):
     return sizes
 
 
+@pytest.fixture
+def submitted(monkeypatch):
+    """The names of the functions sent to a pool's processes while the test runs."""
+    names: list[str] = []
+    real = search.pool.Pool.submit
+
+    def spy(self, fn, *args):
+        names.append(fn.__name__)
+        return real(self, fn, *args)
+
+    monkeypatch.setattr(search.pool.Pool, "submit", spy)
+    return names
+
+
 # (model, cluster, devices, global batch, framework, top K, memory margin GiB, objective): a MoE space without
 # a framework, MLA on Ascend, a dense model with a margin ranked by goodput; 74,000-514,000 configs
 CASES = [
@@ -93,25 +107,17 @@ def test_exhaustive_on_two_processes_equals_one(model, cluster, devices, gbs, fr
     assert pools == [2, 2]
 
 
-def test_small_groups_stay_in_the_calling_process(monkeypatch):
+def test_small_groups_stay_in_the_calling_process(monkeypatch, submitted):
     """With a pool, a group of fewer than ``POOL_MIN_PAIRS`` pairs is scored where the search runs (splitting
     it costs more than it saves) and a larger one is split among the processes; the result is the same."""
     space = build_space(model_presets.load("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb"), 16, 64)
     one = run_exhaustive(space, 10, batch_size=20_000, prune=False)
-    sent: list[str] = []
-    real = search.pool.Pool.submit
-
-    def spy(self, fn, *args):
-        sent.append(fn.__name__)
-        return real(self, fn, *args)
-
-    monkeypatch.setattr(search.pool.Pool, "submit", spy)
     for min_pairs, split in ((10**9, False), (1, True)):  # groups of about 20,000 pairs
         monkeypatch.setattr(search.exhaustive, "POOL_MIN_PAIRS", min_pairs)
-        sent.clear()
+        submitted.clear()
         two = run_exhaustive(space, 10, batch_size=20_000, prune=False, jobs=2)
         assert dataclasses.asdict(two) == dataclasses.asdict(one)
-        assert ("_score_part" in sent) == split
+        assert ("_score_part" in submitted) == split
 
 
 def _slept(seconds: float) -> str:
@@ -181,7 +187,7 @@ def test_rl_on_two_processes_equals_one(round_profile, pools):
     assert pools == [2]
 
 
-def test_rl_of_the_colocated_mode_alone_runs_in_the_calling_process(round_profile, monkeypatch):
+def test_rl_of_the_colocated_mode_alone_runs_in_the_calling_process(round_profile, submitted):
     """With no splits to search, the co-located search is the caller's: nothing is sent to the pool, and the
     plan is the one of one process."""
     def req(jobs):
@@ -189,18 +195,11 @@ def test_rl_of_the_colocated_mode_alone_runs_in_the_calling_process(round_profil
                          workload=rl.Workload(16, 8, 256, 768), training_top_k=2, modes=("colocated",), jobs=jobs)
 
     one = run_rl_search(req(1))
-    sent: list[str] = []
-    real = search.pool.Pool.submit
-
-    def spy(self, fn, *args):
-        sent.append(fn.__name__)
-        return real(self, fn, *args)
-
-    monkeypatch.setattr(search.pool.Pool, "submit", spy)
+    submitted.clear()
     two = run_rl_search(req(2))
     assert one["colocated"] is not None
     assert json.dumps(_without_times(two), default=str) == json.dumps(_without_times(one), default=str)
-    assert "_pooled_colocated" not in sent
+    assert "_pooled_colocated" not in submitted
 
 
 class Stop(Exception):
