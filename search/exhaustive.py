@@ -430,13 +430,17 @@ class _Run:
         ``POOL_MIN_PAIRS``), or split in one part per worker, this process scoring the first and each pool
         process one of the others (sent with its rows of the space), all of them awaited."""
         args = (len(self.shapes), self.top_k, self.margin_gib)
+
+        def here(rows: np.ndarray) -> _Chunk:
+            return _score_rows(self.space, rows, mask[rows], starts[rows], self.layout_of_row[rows], *args)
+
         if self.procs is None or int(mask[group].sum()) < POOL_MIN_PAIRS:
-            return [_score_rows(self.space, group, mask[group], starts[group], self.layout_of_row[group], *args)]
+            return [here(group)]
         parts = _parts(group, mask[group].sum(axis=1), self.procs.jobs)
         # the pool's processes take every part but the first, this process that one (parts of equal pairs)
         futures = [self.procs.submit(_score_part, part_of(self.space, part), mask[part], starts[part],
                                      self.layout_of_row[part], *args) for part in parts[1:]]
-        own = _score_rows(self.space, parts[0], mask[parts[0]], starts[parts[0]], self.layout_of_row[parts[0]], *args)
+        own = here(parts[0])
         return [own] + [self.procs.result(f, self.check).on_rows(part) for part, f in zip(parts[1:], futures)]
 
     def _absorb(self, chunk: _Chunk, keeps: list | None) -> None:

@@ -125,17 +125,19 @@ class Pool:
         mine: set[int] = set()  # the items the caller took (a process that gets one skips it)
         done = 0
 
-        def collect(finished) -> None:
+        def record(i: int, result) -> None:
             nonlocal done
+            out[i] = result
+            done += 1
+            if on_result is not None:
+                on_result(done)
+
+        def collect(finished) -> None:
             for f in finished:
                 i = futures.pop(f)
                 result = f.result()
-                if i in mine:
-                    continue
-                out[i] = result
-                done += 1
-                if on_result is not None:
-                    on_result(done)
+                if i not in mine:  # a process that got an item the caller took returned None for it
+                    record(i, result)
 
         for i in range(len(items) - 1, -1, -1):
             if check is not None:
@@ -146,10 +148,7 @@ class Pool:
             mine.add(i)
             if by_index[i].cancel():  # not yet queued to a process (a queued one is skipped there)
                 futures.pop(by_index[i])
-            out[i] = local(items[i])
-            done += 1
-            if on_result is not None:
-                on_result(done)
+            record(i, local(items[i]))
         while futures:
             collect(self.wait_any(list(futures), check))
         return out

@@ -190,6 +190,12 @@ def _pooled_colocated(req: RLRequest) -> dict | None:
     return best_colocated(req, worker_check)
 
 
+def _beyond_reach(bound_s: float, best: dict | None) -> bool:
+    """Whether a split whose step is at least ``bound_s`` (s) can no longer beat the best plan so far: the
+    sweep stops at the first such split."""
+    return not np.isfinite(bound_s) or (best is not None and bound_s >= best["step_time_s"])
+
+
 class _Ahead:
     """The splits searched ahead of the in-order sweep, only splits the sweep may still reach (their bound
     below the best step so far), in the sweep's order: the pool's processes take the next ones, one each,
@@ -208,7 +214,7 @@ class _Ahead:
         if self.next >= len(self.order):
             return None
         r = self.order[self.next]
-        if not np.isfinite(self.bounds[r]) or (best is not None and self.bounds[r] >= best["step_time_s"]):
+        if _beyond_reach(self.bounds[r], best):
             return None  # the sweep stops here or before: the bounds only grow along it
         self.next += 1
         return r
@@ -251,7 +257,7 @@ def best_disaggregated(req: RLRequest, progress: ProgressFn | None = None, done:
     order = sorted(bounds, key=bounds.get)
     ahead = None if procs is None else _Ahead(procs, req, hw, order, bounds)
     for at, r in enumerate(order):
-        if not np.isfinite(bounds[r]) or (best is not None and bounds[r] >= best["step_time_s"]):
+        if _beyond_reach(bounds[r], best):
             break
         plan = best_split_plan(req, hw, r, check) if ahead is None else ahead.plan(at, best, check)
         rows[r]["searched"] = True
