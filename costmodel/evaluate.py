@@ -280,7 +280,7 @@ def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch
     scored = np.arange(n) if valid is None else np.flatnonzero(valid)
     if not len(scored):  # nothing to score: one config's outputs give the keys, shapes and dtypes
         first = np.zeros(1, dtype=np.intp)
-        return _placeholders(_drop_stages(_score(spec, _take_rows(hw, first, n), devices, b.take(first), st,
+        return _placeholders(_drop_stages(_score(spec, _rows_of(hw, first, n), devices, b.take(first), st,
                                                  st.split_index[:1], K), keep_stages), n, K)
     counts = st.split_stage_count[st.split_index[scored]]
     sizes = np.bincount(counts)
@@ -291,7 +291,7 @@ def _score_in_groups(spec: ModelSpec, hw: Hardware, devices: int, b: ConfigBatch
     order = scored if len(depths) == 1 else np.concatenate(
         [scored[(counts > lo) & (counts <= hi)] for lo, hi in zip([0] + depths, depths)])
     nv = len(order)
-    bs, hs, split = _take_configs(b, order, _constant_columns(b)), _take_rows(hw, order, n), st.split_index[order]
+    bs, hs, split = _take_configs(b, order, _constant_columns(b)), _rows_of(hw, order, n), st.split_index[order]
     # Layer costs depend on few columns: score each distinct combination of their inputs once.
     dp, m, shapes = _sizes(spec, devices, bs)
     ctx, head_weights = _layer_inputs(spec, hs, bs, shapes)
@@ -364,21 +364,14 @@ def _placeholders(part: dict, n: int, K: int) -> dict:
     return _as_outputs(_output_rows({key: v.T if v.ndim == 2 else v for key, v in part.items()}, n, K, np.zeros))
 
 
-def _take_rows(obj, idx: np.ndarray, n: int):
-    """Dataclass ``obj`` (a Hardware whose efficiency factors may be arrays of one value per config of a
-    batch of ``n``) for the configs ``idx``: its (n,) array fields gathered; ``obj`` itself when it has
-    none (so that its derived values stay cached)."""
-    changes = {f.name: v.take(idx) for f in fields(obj)
-               if isinstance(v := getattr(obj, f.name), np.ndarray) and v.shape == (n,)}
-    return replace(obj, **changes) if changes else obj
-
-
-def _rows_of(obj, sl: slice, n: int):
-    """Dataclass ``obj`` (a ConfigBatch or Hardware of ``n`` configs) for the configs of slice ``sl``:
-    views of its (n,) array fields; ``obj`` itself when the slice is all of it or it has none."""
-    if sl.start == 0 and sl.stop == n:
+def _rows_of(obj, rows: np.ndarray | slice, n: int):
+    """Dataclass ``obj`` (a ConfigBatch, Shapes or Hardware, whose efficiency factors may be arrays of one
+    value per config) of ``n`` configs for the configs ``rows``: its (n,) array fields gathered (an index
+    array) or viewed (a slice); ``obj`` itself when the slice is all of it or it has no such field (so that
+    a Hardware's derived values stay cached)."""
+    if isinstance(rows, slice) and rows.start == 0 and rows.stop == n:
         return obj
-    changes = {f.name: v[sl] for f in fields(obj)
+    changes = {f.name: v[rows] for f in fields(obj)
                if isinstance(v := getattr(obj, f.name), np.ndarray) and v.shape == (n,)}
     return replace(obj, **changes) if changes else obj
 
