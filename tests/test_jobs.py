@@ -69,8 +69,8 @@ def submitted(monkeypatch):
     names: list[str] = []
     real = search.pool.Pool.submit
 
-    def spy(self, fn, *args):
-        names.append(fn.__name__)
+    def spy(self, fn, *args):  # an item of Pool.map_shared by the function that scores it
+        names.append(args[1].__name__ if fn is search.pool._claimed else fn.__name__)
         return real(self, fn, *args)
 
     monkeypatch.setattr(search.pool.Pool, "submit", spy)
@@ -107,17 +107,20 @@ def test_exhaustive_on_two_processes_equals_one(model, cluster, devices, gbs, fr
     assert pools == [2, 2]
 
 
-def test_small_groups_stay_in_the_calling_process(monkeypatch, submitted):
-    """With a pool, a group of fewer than ``POOL_MIN_PAIRS`` pairs is scored where the search runs (splitting
-    it costs more than it saves) and a larger one is split among the processes; the result is the same."""
+@pytest.mark.parametrize("prune,sent", [(True, "_score_part"), (False, "_score_packed")])
+def test_small_groups_stay_in_the_calling_process(monkeypatch, submitted, prune, sent):
+    """With a pool, a group of fewer than ``POOL_MIN_PAIRS`` pairs is scored where the search runs (sharing it
+    costs more than it saves); with bounds, a larger group is split among the processes (``_score_part``), and
+    without them (the plain scan) the groups are shared whole (``_score_packed``); the result is the same."""
     space = build_space(model_presets.load("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb"), 16, 64)
-    one = run_exhaustive(space, 10, batch_size=20_000, prune=False)
-    for min_pairs, split in ((10**9, False), (1, True)):  # groups of about 20,000 pairs
+    one = run_exhaustive(space, 10, batch_size=20_000, prune=prune)
+    for min_pairs, shared in ((10**9, False), (1, True)):  # groups of about 20,000 pairs
         monkeypatch.setattr(search.exhaustive, "POOL_MIN_PAIRS", min_pairs)
         submitted.clear()
-        two = run_exhaustive(space, 10, batch_size=20_000, prune=False, jobs=2)
+        two = run_exhaustive(space, 10, batch_size=20_000, prune=prune, jobs=2)
         assert dataclasses.asdict(two) == dataclasses.asdict(one)
-        assert ("_score_part" in submitted) == split
+        assert (sent in submitted) == shared
+        assert {"_score_part", "_score_packed"} & set(submitted) <= {sent}
 
 
 def _slept(seconds: float) -> str:
