@@ -10,7 +10,9 @@ The full searches take 20–80 s each; ``--compare ''`` skips them.
 ``--jobs N`` instead times the plan and RL commands below (``--targets``) on one process and on N (``--jobs N``:
 the plan's counts, the RL plan's training searches side by side), each run a whole new process, measured in
 the same run, alternating: median wall seconds of ``--repeats`` runs each, the speedup, and whether the
-N-process result (``--json``, times left out) equals the one-process result (exit 1 if not):
+N-process result (``--json``, times left out) equals the one-process result (exit 1 if not); beside them, the
+machine's ceiling: N copies of the one-process command started at once share the cores' cache and memory bus
+and nothing else, so N × one run's time / their time is the most N processes can give here:
 
     .venv/bin/python benchmarks/plan.py --jobs 2 [--repeats 3] [--commands plan,rl]
 
@@ -58,12 +60,34 @@ from search.capacity import PlanRequest, run_plan  # noqa: E402
 def run_json(args: list[str]) -> tuple[float, dict]:
     """Wall seconds of ``paraplan ARGS --json`` as a whole process (one BLAS thread per process), and its
     result without times."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1"}
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "app.cli", *args, "--json"], cwd=ROOT, check=True, env=env,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(_command(args), cwd=ROOT, check=True, env=_ENV, capture_output=True, text=True).stdout
     return time.perf_counter() - started, without_times(json.loads(out))
+
+
+def side_by_side(args: list[str], n: int) -> float:
+    """Median wall seconds of ``n`` copies of ``paraplan ARGS --json`` started at once, each on one process: the
+    same work as one run, ``n`` times over, with nothing shared. ``n`` × one run's time / this is what the
+    machine allows ``n`` processes at most (cache, memory bus and the rest they share), pool or no pool."""
+    started = time.perf_counter()
+    procs = [subprocess.Popen(_command(args), cwd=ROOT, env=_ENV, stdout=subprocess.DEVNULL) for _ in range(n)]
+    ends: dict[int, float] = {}
+    while len(ends) < n:
+        for i, p in enumerate(procs):
+            if i not in ends and p.poll() is not None:
+                if p.returncode:
+                    raise subprocess.CalledProcessError(p.returncode, p.args)
+                ends[i] = time.perf_counter() - started
+        time.sleep(0.01)
+    return statistics.median(ends.values())
+
+
+_ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1"}
+
+
+def _command(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "app.cli", *args, "--json"]
 
 
 def jobs_comparison(names: list[str], jobs: int, repeats: int) -> bool:
@@ -73,22 +97,28 @@ def jobs_comparison(names: list[str], jobs: int, repeats: int) -> bool:
     rows, all_same = [], True
     for name in names:
         walls: dict[int, list[float]] = {1: [], jobs: []}
+        apart: list[float] = []  # jobs one-process runs at once
         results = {}
         for _ in range(repeats):
             for n in (1, jobs):
                 wall, results[n] = run_json([*COMMANDS[name][0], "--jobs", str(n)])
                 walls[n].append(wall)
+            apart.append(side_by_side([*COMMANDS[name][0], "--jobs", "1"], jobs))
         same = results[1] == results[jobs]
         all_same &= same
-        one, many = statistics.median(walls[1]), statistics.median(walls[jobs])
-        rows.append((f"paraplan {name}", f"{one:.1f}", f"{many:.1f}", f"{one / many:.2f}x", "equal" if same else "DIFFERENT"))
+        one, many, pair = statistics.median(walls[1]), statistics.median(walls[jobs]), statistics.median(apart)
+        rows.append((f"paraplan {name}", f"{one:.1f}", f"{many:.1f}", f"{one / many:.2f}x", f"{pair:.1f}",
+                     f"{jobs * one / pair:.2f}x", "equal" if same else "DIFFERENT"))
     t = Table(title=f"whole commands on 1 and {jobs} processes (--jobs; median of {repeats}, alternating, each run a "
                     f"new process; {os.cpu_count()} cores)", title_justify="left")
-    for col in ("command", "1 process s", f"{jobs} processes s", "speedup", "result"):
+    for col in ("command", "1 process s", f"{jobs} processes s", "speedup", f"{jobs} 1-process runs at once, s each",
+                "the machine's ceiling", "result"):
         t.add_column(col, justify="right")
     for row in rows:
         t.add_row(*row)
     Console().print(t)
+    print(f"the machine's ceiling: {jobs} x one run's time / the time of each of {jobs} such runs started at once "
+          "(nothing shared between them: the speedup the cores allow, pool or no pool)")
     for name in names:
         print(f"paraplan {' '.join(COMMANDS[name][0])} --jobs N")
     return all_same

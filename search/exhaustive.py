@@ -191,7 +191,8 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     ``jobs`` > 1: the row bounds and each group of rows are split into ``jobs`` parts scored by that many
     processes (``search.pool``), each part sent with its own rows of the space; the next group is chosen
     only once the whole group is merged, so the cut, the pruned rows and every count are the ones of
-    ``jobs == 1``. ``check()`` runs in this process while it waits for the parts and may raise to stop.
+    ``jobs == 1``. Without bounds (``prune=False``) nothing waits for a cut: the groups are shared whole
+    between the processes (``_Run._share_groups``). ``check()`` runs in this process while it waits for the parts and may raise to stop.
     ``procs``: a pool the caller started (``run_search`` starts it before building the space), used in
     place of ``jobs``."""
     with (nullcontext(procs) if procs is not None or jobs == 1 else pool(jobs)) as procs:
@@ -443,14 +444,13 @@ class _Run:
         earlier one sets, so none waits for another: nobody idles until the last group, and no group is
         split, where each part of a split pays the scorer's fixed costs again (13 % more CPU over the Pangu
         space's plain scan). Progress counts the groups finished, each as an equal share of the pairs."""
-        args = (len(self.shapes), self.top_k, self.margin_gib)
         pairs, before = int(sum(int(mask[g].sum()) for g in groups)), self.done + self.skipped + self.pruned
 
         def here(rows: np.ndarray) -> _Chunk:
-            return _score_rows(self.space, rows, mask[rows], starts[rows], self.layout_of_row[rows], *args)
+            return self._score_here(rows, mask, starts)
 
         def pack(rows: np.ndarray) -> tuple:
-            return part_of(self.space, rows), rows, mask[rows], starts[rows], self.layout_of_row[rows], *args
+            return part_of(self.space, rows), rows, *self._score_args(rows, mask, starts)
 
         def on_result(done: int) -> None:
             if self.progress and done < len(groups):  # the last is reported exact, once every group is absorbed
@@ -462,19 +462,22 @@ class _Run:
         """The group's chunks scored, in row order: in this process (without a pool, or a group smaller than
         ``POOL_MIN_PAIRS``), or split in one part per worker, this process scoring the first and each pool
         process one of the others (sent with its rows of the space), all of them awaited."""
-        args = (len(self.shapes), self.top_k, self.margin_gib)
-
-        def here(rows: np.ndarray) -> _Chunk:
-            return _score_rows(self.space, rows, mask[rows], starts[rows], self.layout_of_row[rows], *args)
-
         if self.procs is None or int(mask[group].sum()) < POOL_MIN_PAIRS:
-            return [here(group)]
+            return [self._score_here(group, mask, starts)]
         parts = _parts(group, mask[group].sum(axis=1), self.procs.jobs)
         # the pool's processes take every part but the first, this process that one (parts of equal pairs)
-        futures = [self.procs.submit(_score_part, part_of(self.space, part), mask[part], starts[part],
-                                     self.layout_of_row[part], *args) for part in parts[1:]]
-        own = here(parts[0])
+        futures = [self.procs.submit(_score_part, part_of(self.space, part), *self._score_args(part, mask, starts))
+                   for part in parts[1:]]
+        own = self._score_here(parts[0], mask, starts)
         return [own] + [self.procs.result(f, self.check).on_rows(part) for part, f in zip(parts[1:], futures)]
+
+    def _score_args(self, rows: np.ndarray, mask: np.ndarray, starts: np.ndarray) -> tuple:
+        """``_score_rows``'s arguments after the space and the rows, for the layout rows ``rows``."""
+        return mask[rows], starts[rows], self.layout_of_row[rows], len(self.shapes), self.top_k, self.margin_gib
+
+    def _score_here(self, rows: np.ndarray, mask: np.ndarray, starts: np.ndarray) -> _Chunk:
+        """The layout rows ``rows`` scored in this process."""
+        return _score_rows(self.space, rows, *self._score_args(rows, mask, starts))
 
     def _absorb(self, chunk: _Chunk, keeps: list | None) -> None:
         """Add one scored chunk to the kept set and the counts."""
