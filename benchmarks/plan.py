@@ -72,13 +72,19 @@ def side_by_side(args: list[str], n: int) -> float:
     started = time.perf_counter()
     procs = [subprocess.Popen(_command(args), cwd=ROOT, env=_ENV, stdout=subprocess.DEVNULL) for _ in range(n)]
     ends: dict[int, float] = {}
-    while len(ends) < n:
-        for i, p in enumerate(procs):
-            if i not in ends and p.poll() is not None:
-                if p.returncode:
-                    raise subprocess.CalledProcessError(p.returncode, p.args)
-                ends[i] = time.perf_counter() - started
-        time.sleep(0.01)
+    try:
+        while len(ends) < n:
+            for i, p in enumerate(procs):
+                if i not in ends and p.poll() is not None:
+                    if p.returncode:
+                        raise subprocess.CalledProcessError(p.returncode, p.args)
+                    ends[i] = time.perf_counter() - started
+            time.sleep(0.01)
+    finally:  # a copy that failed stops the others
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return statistics.median(ends.values())
 
 

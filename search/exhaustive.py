@@ -46,6 +46,10 @@ FIRST_GROUP_FRACTION = 64
 # pay the transfer of its rows and its own evaluate's fixed cost for a few milliseconds of scoring, and the
 # first groups of a bounded scan are that small.
 POOL_MIN_PAIRS = CHUNK_CONFIGS
+# Without bounds, whole groups are shared between the processes where there are at least this many per
+# process (fewer: one process would wait for the last group, so each group is split instead), and at most
+# this many per process are packed and sent ahead of the one it scores.
+SHARED_GROUPS_PER_JOB = 2
 
 
 @dataclass
@@ -352,6 +356,7 @@ class _Run:
         self.feasible, self.done, self.skipped, self.pruned, self.index_base = 0, 0, 0, 0, 0
         self.min_key: tuple | None = None  # the smallest peak seen (``_smallest_peak_key``)
         self.unfit: np.ndarray | None = None  # rows whose memory bound is above the device memory
+        self.settling = False  # scoring pairs already counted as pruned: progress stays where it is
 
     @property
     def min_peak(self) -> float:
@@ -428,12 +433,14 @@ class _Run:
         counts = mask.sum(axis=1)
         starts = np.cumsum(counts) - counts + self.index_base  # each row's first pair's position
         self.index_base += int(counts.sum())
-        if bounds is None and self.procs is not None and int(counts.sum()) >= POOL_MIN_PAIRS:
-            for chunk in self._share_groups(list(self._row_groups(counts, None, batch_size)), mask, starts):
+        groups = list(self._row_groups(counts, None, batch_size)) if bounds is None and self.procs else None
+        if groups is not None and len(groups) >= SHARED_GROUPS_PER_JOB * self.procs.jobs \
+                and int(counts.sum()) >= POOL_MIN_PAIRS * len(groups):  # groups of a chunk or more, on average
+            for chunk in self._share_groups(groups, mask, starts):
                 self._absorb(chunk, keeps)
             self._report()
             return
-        for group in self._row_groups(counts, bounds, batch_size):
+        for group in groups or self._row_groups(counts, bounds, batch_size):
             for chunk in self._score_group(group, mask, starts):
                 self._absorb(chunk, keeps)
             self._report()
@@ -442,8 +449,9 @@ class _Run:
         """Each group scored whole, the groups shared between the pool's processes and this one
         (``Pool.map_shared``), in the order of ``groups``. Without bounds no group waits for the cut an
         earlier one sets, so none waits for another: nobody idles until the last group, and no group is
-        split, where each part of a split pays the scorer's fixed costs again (13 % more CPU over the Pangu
-        space's plain scan). Progress counts the groups finished, each as an equal share of the pairs."""
+        split, where each part of a split pays an evaluate's fixed costs and a part's setup again. Progress
+        counts the groups finished, each as an equal share of the pairs (none while the smallest peak is
+        settled: those pairs were counted as pruned)."""
         pairs, before = int(sum(int(mask[g].sum()) for g in groups)), self.done + self.skipped + self.pruned
 
         def here(rows: np.ndarray) -> _Chunk:
@@ -453,10 +461,11 @@ class _Run:
             return part_of(self.space, rows), rows, *self._score_args(rows, mask, starts)
 
         def on_result(done: int) -> None:
-            if self.progress and done < len(groups):  # the last is reported exact, once every group is absorbed
+            if self.progress and not self.settling and done < len(groups):  # the last: exact, once all are absorbed
                 self.progress(before + pairs * done // len(groups), self.total)
 
-        return self.procs.map_shared(_score_packed, here, groups, self.check, on_result, pack)
+        return self.procs.map_shared(_score_packed, here, groups, self.check, on_result, pack,
+                                     ahead=SHARED_GROUPS_PER_JOB * (self.procs.jobs - 1))
 
     def _score_group(self, group: np.ndarray, mask: np.ndarray, starts: np.ndarray) -> list[_Chunk]:
         """The group's chunks scored, in row order: in this process (without a pool, or a group smaller than
@@ -491,7 +500,7 @@ class _Run:
         self.done += chunk.scored
 
     def _report(self) -> None:
-        if self.progress:
+        if self.progress and not self.settling:
             self.progress(self.done + self.skipped + self.pruned, self.total)
 
     def settle_smallest_peak(self, pairs: np.ndarray, peak_lower: np.ndarray, batch_size: int) -> None:
@@ -502,14 +511,18 @@ class _Run:
         rows = np.flatnonzero(self.unfit & (counts > 0))
         rows = rows[np.argsort(peak_lower[rows], kind="stable")]
         size, at = max(1, batch_size // FIRST_GROUP_FRACTION), 0
-        while at < len(rows) and peak_lower[rows[at]] <= self.min_peak:
-            end = at + int(np.searchsorted(np.cumsum(counts[rows[at:]]), size)) + 1
-            group = rows[at:end][peak_lower[rows[at:end]] <= self.min_peak]
-            sub = np.zeros_like(pairs)
-            sub[group] = pairs[group]
-            self.pruned -= int(counts[group].sum())
-            self.score(sub, batch_size)
-            at, size = end, min(2 * size, batch_size)
+        self.settling = True  # these pairs were reported as pruned: they move to scored, the total stays
+        try:
+            while at < len(rows) and peak_lower[rows[at]] <= self.min_peak:
+                end = at + int(np.searchsorted(np.cumsum(counts[rows[at:]]), size)) + 1
+                group = rows[at:end][peak_lower[rows[at:end]] <= self.min_peak]
+                sub = np.zeros_like(pairs)
+                sub[group] = pairs[group]
+                self.pruned -= int(counts[group].sum())
+                self.score(sub, batch_size)
+                at, size = end, min(2 * size, batch_size)
+        finally:
+            self.settling = False
 
     def ranked(self) -> Ranked:
         space, kept, k = self.space, self.kept, self.top_k

@@ -108,22 +108,34 @@ class Pool:
         return future.result()
 
     def map_shared(self, remote: Callable, local: Callable, items: list, check: Callable[[], None] | None = None,
-                   on_result: Callable[[int], None] | None = None, pack: Callable | None = None) -> list:
+                   on_result: Callable[[int], None] | None = None, pack: Callable | None = None,
+                   ahead: int | None = None) -> list:
         """``[local(item) for item in items]``, the work shared between the pool's processes, which run
         ``remote(item)`` (a module-level function: it is pickled by name) from the first item on, and the
         caller, which runs ``local(item)`` from the last item back while the processes have not started it:
         they meet in the middle, so nobody waits while work is left. ``remote`` and ``local`` must give the
-        same result; ``pack(item)``, where given, is what a process is sent for an item instead. ``check()``
-        runs between the caller's items and while it waits; ``on_result(done)`` as each result arrives
-        (``done``: results so far)."""
-        out: list = [None] * len(items)
+        same result; ``pack(item)``, where given, is what a process is sent for an item instead. ``ahead``:
+        at most that many items sent to the processes and not yet finished (all at once when None), so that
+        large packed items are made and held only shortly before a process takes them; the caller sends
+        more between its own items. ``check()`` runs between the caller's items and while it waits; when it
+        (or anything) raises, the processes skip every item they have not started. ``on_result(done)`` runs
+        as each result arrives (``done``: results so far)."""
+        n = len(items)
+        out: list = [None] * n
         with self.claims.get_lock():
-            self.claims[0], self.claims[1] = 0, len(items)
-        futures = {self.submit(_claimed, i, remote, item if pack is None else pack(item)): i
-                   for i, item in enumerate(items)}
-        by_index = {i: f for f, i in futures.items()}
+            self.claims[0], self.claims[1] = 0, n
+        futures: dict[Future, int] = {}
+        by_index: dict[int, Future] = {}
         mine: set[int] = set()  # the items the caller took (a process that gets one skips it)
-        done = 0
+        done = sent = 0
+        lowest = n  # the caller's lowest item: nothing from it on is sent
+
+        def send() -> None:
+            nonlocal sent
+            while sent < lowest and (ahead is None or len(futures) < ahead):
+                future = self.submit(_claimed, sent, remote, items[sent] if pack is None else pack(items[sent]))
+                futures[future], by_index[sent] = sent, future
+                sent += 1
 
         def record(i: int, result) -> None:
             nonlocal done
@@ -139,18 +151,28 @@ class Pool:
                 if i not in mine:  # a process that got an item the caller took returned None for it
                     record(i, result)
 
-        for i in range(len(items) - 1, -1, -1):
-            if check is not None:
-                check()
-            collect([f for f in futures if f.done()])
-            if not self._claim(i):  # a process has started it or a later item: the rest are theirs
-                break
-            mine.add(i)
-            if by_index[i].cancel():  # not yet queued to a process (a queued one is skipped there)
-                futures.pop(by_index[i])
-            record(i, local(items[i]))
-        while futures:
-            collect(self.wait_any(list(futures), check))
+        try:
+            send()
+            for i in range(n - 1, -1, -1):
+                if check is not None:
+                    check()
+                collect([f for f in futures if f.done()])
+                send()
+                if not self._claim(i):  # a process has started it or a later item: the rest are theirs
+                    break
+                mine.add(i)
+                lowest = i
+                if i in by_index and by_index[i].cancel():  # not yet queued to a process (a queued one is skipped there)
+                    futures.pop(by_index[i])
+                record(i, local(items[i]))
+            while futures:  # every item below the caller's was sent: a process has started one above them
+                collect(self.wait_any(list(futures), check))
+        except BaseException:
+            with self.claims.get_lock():
+                self.claims[1] = 0  # a process skips every item it has not started
+            for f in futures:
+                f.cancel()
+            raise
         return out
 
     def _claim(self, i: int) -> bool:

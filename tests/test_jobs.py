@@ -123,6 +123,61 @@ def test_small_groups_stay_in_the_calling_process(monkeypatch, submitted, prune,
         assert {"_score_part", "_score_packed"} & set(submitted) <= {sent}
 
 
+def test_a_plain_scan_of_few_groups_splits_them_rather_than_sharing_them(monkeypatch, submitted):
+    """Without bounds, whole groups are shared only where each process gets several
+    (``SHARED_GROUPS_PER_JOB``): a pass of one group is split between the processes as with bounds (shared
+    whole, one process would score it while the other waited), and groups smaller than one scorer chunk
+    stay in the calling process."""
+    space = build_space(model_presets.load("tiny-moe"), hardware_profiles.load("nvidia-h100-80gb"), 16, 64)
+    one = run_exhaustive(space, 10, batch_size=10**7, prune=False)
+    monkeypatch.setattr(search.exhaustive, "POOL_MIN_PAIRS", 1)
+    two = run_exhaustive(space, 10, batch_size=10**7, prune=False, jobs=2)  # one group of every pair
+    assert dataclasses.asdict(two) == dataclasses.asdict(one)
+    assert "_score_part" in submitted and "_score_packed" not in submitted
+    monkeypatch.undo()
+    submitted.clear()
+    run_exhaustive(space, 10, batch_size=20_000, prune=False, jobs=2)  # groups below POOL_MIN_PAIRS
+    assert not {"_score_part", "_score_packed"} & set(submitted)
+
+
+def test_progress_never_goes_back_while_the_smallest_peak_is_settled(monkeypatch):
+    """Nothing fits: the rows ruled out by their memory bound were counted (as pruned) in the progress; scoring
+    them to settle the smallest peak moves them to scored and must not make the progress fall back."""
+    monkeypatch.setattr(search.exhaustive, "POOL_MIN_PAIRS", 1)
+    space = build_space(model_presets.load("llama3-70b"), hardware_profiles.load("nvidia-a100-80gb"), 8, 32)
+    seen: dict[int, list] = {1: [], 2: []}
+    one, two = (run_exhaustive(space, 5, batch_size=100, prune=True, jobs=jobs,
+                               progress=lambda done, total, jobs=jobs: seen[jobs].append(done)) for jobs in (1, 2))
+    assert not one.configs and one.smallest_peak_gib is not None, "the case must be one where nothing fits"
+    assert dataclasses.asdict(two) == dataclasses.asdict(one)
+    assert seen[1] == sorted(seen[1]) and seen[2] == sorted(seen[2])
+    assert seen[1][-1] == seen[2][-1] == space.size
+
+
+def test_a_raise_stops_the_items_a_process_has_queued_but_not_started():
+    """When the caller's check raises in ``Pool.map_shared``, a process runs no item it has not started (the
+    call queue holds one more than the processes, and a task there can no longer be cancelled): the pool
+    closes after the item running, not after every queued one."""
+    started = time.perf_counter()
+    raised = {}
+
+    def check():
+        if time.perf_counter() - started > 0.3:
+            raised.setdefault("at", time.perf_counter())
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        with search.pool.pool(2) as p:  # the caller and one process
+            p.result(p.submit(_slept, 0.0), None)  # the process is up
+            started = time.perf_counter()
+            # the process's items take 1 s, the caller's 0.5 s: the caller raises at 0.5 s, while the process
+            # runs its first item and two more wait in the call queue (they took 1 s more to close)
+            p.map_shared(_slept, lambda seconds: time.sleep(seconds / 2), [1.0] * 8, check=check,
+                         pack=lambda seconds: seconds)
+    closed = time.perf_counter() - raised["at"]
+    assert closed < 0.9, f"{closed:.2f} s from the raise to the pool's close: a queued item ran"
+
+
 def _slept(seconds: float) -> str:
     time.sleep(seconds)
     return "process"
