@@ -196,7 +196,8 @@ def run_exhaustive(space: SearchSpace, top_k: int, progress: ProgressFn | None =
     processes (``search.pool``), each part sent with its own rows of the space; the next group is chosen
     only once the whole group is merged, so the cut, the pruned rows and every count are the ones of
     ``jobs == 1``. Without bounds (``prune=False``) nothing waits for a cut: the groups are shared whole
-    between the processes (``_Run._share_groups``). ``check()`` runs in this process while it waits for the parts and may raise to stop.
+    between the processes (``_Run._share_groups``). ``check()`` runs in this process while it waits for the
+    parts and may raise to stop.
     ``procs``: a pool the caller started (``run_search`` starts it before building the space), used in
     place of ``jobs``."""
     with (nullcontext(procs) if procs is not None or jobs == 1 else pool(jobs)) as procs:
@@ -428,31 +429,35 @@ class _Run:
     def score(self, mask: np.ndarray, batch_size: int, bounds: np.ndarray | None = None,
               keeps: list | None = None) -> None:
         """Score the pairs of ``mask`` in chunks (those ``bounds`` cannot rule out), keeping the best; adds to
-        ``keeps`` each chunk's (rows, options) that fit and keep the margin. A config's position in the enumeration (row-major
-        over the passes) breaks ties, whatever the order of scoring."""
+        ``keeps`` each chunk's (rows, options) that fit and keep the margin. A config's position in the
+        enumeration (row-major over the passes) breaks ties, whatever the order of scoring."""
         counts = mask.sum(axis=1)
         starts = np.cumsum(counts) - counts + self.index_base  # each row's first pair's position
-        self.index_base += int(counts.sum())
-        groups = list(self._row_groups(counts, None, batch_size)) if bounds is None and self.procs else None
-        if groups is not None and len(groups) >= SHARED_GROUPS_PER_JOB * self.procs.jobs \
-                and int(counts.sum()) >= POOL_MIN_PAIRS * len(groups):  # groups of a chunk or more, on average
-            for chunk in self._share_groups(groups, mask, starts):
-                self._absorb(chunk, keeps)
-            self._report()
-            return
-        for group in groups or self._row_groups(counts, bounds, batch_size):
+        pairs = int(counts.sum())
+        self.index_base += pairs
+        groups = self._row_groups(counts, bounds, batch_size)
+        if bounds is None and self.procs is not None:
+            groups = list(groups)
+            # whole groups where each process gets several, of a chunk or more on average
+            if len(groups) >= SHARED_GROUPS_PER_JOB * self.procs.jobs and pairs >= POOL_MIN_PAIRS * len(groups):
+                for chunk in self._share_groups(groups, pairs, mask, starts):
+                    self._absorb(chunk, keeps)
+                self._report()
+                return
+        for group in groups:
             for chunk in self._score_group(group, mask, starts):
                 self._absorb(chunk, keeps)
             self._report()
 
-    def _share_groups(self, groups: list[np.ndarray], mask: np.ndarray, starts: np.ndarray) -> list[_Chunk]:
+    def _share_groups(self, groups: list[np.ndarray], pairs: int, mask: np.ndarray,
+                      starts: np.ndarray) -> list[_Chunk]:
         """Each group scored whole, the groups shared between the pool's processes and this one
         (``Pool.map_shared``), in the order of ``groups``. Without bounds no group waits for the cut an
         earlier one sets, so none waits for another: nobody idles until the last group, and no group is
         split, where each part of a split pays an evaluate's fixed costs and a part's setup again. Progress
-        counts the groups finished, each as an equal share of the pairs (none while the smallest peak is
-        settled: those pairs were counted as pruned)."""
-        pairs, before = int(sum(int(mask[g].sum()) for g in groups)), self.done + self.skipped + self.pruned
+        counts the groups finished, each as an equal share of their ``pairs`` (none while the smallest peak
+        is settled: those pairs were counted as pruned)."""
+        before = self.done + self.skipped + self.pruned
 
         def here(rows: np.ndarray) -> _Chunk:
             return self._score_here(rows, mask, starts)

@@ -162,7 +162,8 @@ class Pool:
                     break
                 mine.add(i)
                 lowest = i
-                if i in by_index and by_index[i].cancel():  # not yet queued to a process (a queued one is skipped there)
+                # not yet queued to a process (a queued one is skipped there)
+                if i in by_index and by_index[i].cancel():
                     futures.pop(by_index[i])
                 record(i, local(items[i]))
             while futures:  # every item below the caller's was sent: a process has started one above them
